@@ -1,0 +1,74 @@
+package engine
+
+import (
+	"context"
+	"time"
+)
+
+// Executor runs the model for one step.
+//
+// Concurrency: the engine calls Execute from one goroutine at a time, off
+// the engine actor's mailbox, and never mutates a Batch after handing it
+// over. An Executor may keep state between steps; it must return when ctx
+// is done.
+type Executor interface {
+	Execute(ctx context.Context, batch *Batch) (StepResult, error)
+}
+
+// ScheduledRequest is one request's part of a step. It is a copy: the
+// executor can read it while the scheduler moves on.
+type ScheduledRequest struct {
+	ID string
+	// PromptHash keys deterministic sampling (see PromptHash).
+	PromptHash uint64
+	Sampling   *SamplingParams
+	// NumComputed is how many leading tokens had their KV computed before
+	// the step; the step computes NumNewTokens more.
+	NumComputed  int
+	NumNewTokens int
+	// NumPromptTokens counts the prompt's tokens, without any output.
+	NumPromptTokens int
+	// SampleIndex is the index among the request's output tokens of the
+	// token this step samples, or -1 when the step ends inside the prefill
+	// (a chunk of a long prompt).
+	SampleIndex int
+	// Decode is true for a one-token step of a request past its prefill.
+	Decode bool
+}
+
+// Batch is what one step computes.
+type Batch struct {
+	// Step counts the engine's steps from 1.
+	Step     uint64
+	Requests []ScheduledRequest
+	// The batch's shape, for cost models.
+	NumPrefillTokens int
+	// PrefillContextProduct sums, over prefill chunks, the chunk's tokens
+	// times the mean context each of them attends to: the tokens before the
+	// chunk plus half the chunk (causal attention within it).
+	PrefillContextProduct int64
+	NumDecodeSeqs         int
+	DecodeContextTokens   int64
+}
+
+// Empty reports whether the batch computes nothing.
+func (b *Batch) Empty() bool { return len(b.Requests) == 0 }
+
+// NumTokens is the number of tokens the step computes.
+func (b *Batch) NumTokens() int {
+	n := 0
+	for i := range b.Requests {
+		n += b.Requests[i].NumNewTokens
+	}
+	return n
+}
+
+// StepResult is what an executor produced.
+type StepResult struct {
+	// Tokens[i] is the token sampled for Batch.Requests[i]; it is ignored
+	// where SampleIndex is -1.
+	Tokens []uint32
+	// Duration is how long the step took (the modelled time, for the
+	// simulated executor).
+	Duration time.Duration
+}

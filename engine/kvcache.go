@@ -1,0 +1,241 @@
+package engine
+
+import (
+	"encoding/binary"
+	"hash/fnv"
+)
+
+// BlockHash names a full KV block by its tokens and every token before it,
+// so equal hashes mean equal prefixes. It is stable across processes, which
+// lets a balancer compute the same hashes an engine does.
+type BlockHash uint64
+
+// HashBlock chains a block's tokens onto the hash of the blocks before it
+// (parent is 0 for the first block).
+func HashBlock(parent BlockHash, tokens []uint32) BlockHash {
+	h := fnv.New64a()
+	var buf [8]byte
+	binary.LittleEndian.PutUint64(buf[:], uint64(parent))
+	h.Write(buf[:])
+	for _, t := range tokens {
+		binary.LittleEndian.PutUint32(buf[:4], t)
+		h.Write(buf[:4])
+	}
+	return BlockHash(h.Sum64())
+}
+
+const noBlock = -1
+
+type kvBlock struct {
+	refCount int32
+	// hash is valid when cached is true; the block is then findable by its
+	// hash until it is evicted.
+	hash   BlockHash
+	cached bool
+	// Links of the free queue, which holds every block with refCount 0 in
+	// eviction order: the head is evicted first.
+	prev, next int32
+	free       bool
+}
+
+// kvCache is a pool of fixed-size KV blocks with prefix caching, in the
+// manner of vLLM's block pool: a freed block keeps its contents and hash
+// until it is reused, so a later request with the same prefix finds it.
+type kvCache struct {
+	blockSize     int
+	prefixCaching bool
+	blocks        []kvBlock
+	head, tail    int32
+	numFree       int
+	byHash        map[BlockHash]int32
+}
+
+func newKVCache(numBlocks, blockSize int, prefixCaching bool) *kvCache {
+	c := &kvCache{
+		blockSize:     blockSize,
+		prefixCaching: prefixCaching,
+		blocks:        make([]kvBlock, numBlocks),
+		head:          noBlock,
+		tail:          noBlock,
+		byHash:        make(map[BlockHash]int32),
+	}
+	for i := range c.blocks {
+		c.blocks[i].prev, c.blocks[i].next = noBlock, noBlock
+		c.pushFree(int32(i))
+	}
+	return c
+}
+
+func (c *kvCache) numBlocks() int { return len(c.blocks) }
+
+// usage is the share of blocks held by requests; cached blocks that nobody
+// holds count as free, as in vLLM.
+func (c *kvCache) usage() float64 {
+	if len(c.blocks) == 0 {
+		return 0
+	}
+	return 1 - float64(c.numFree)/float64(len(c.blocks))
+}
+
+func (c *kvCache) pushFree(id int32) {
+	b := &c.blocks[id]
+	b.free = true
+	b.prev, b.next = c.tail, noBlock
+	if c.tail != noBlock {
+		c.blocks[c.tail].next = id
+	} else {
+		c.head = id
+	}
+	c.tail = id
+	c.numFree++
+}
+
+func (c *kvCache) removeFree(id int32) {
+	b := &c.blocks[id]
+	if !b.free {
+		panic("engine: removing a block that is not in the free queue")
+	}
+	if b.prev != noBlock {
+		c.blocks[b.prev].next = b.next
+	} else {
+		c.head = b.next
+	}
+	if b.next != noBlock {
+		c.blocks[b.next].prev = b.prev
+	} else {
+		c.tail = b.prev
+	}
+	b.prev, b.next, b.free = noBlock, noBlock, false
+	c.numFree--
+}
+
+// popFree takes the block at the head of the free queue, evicting its
+// cached contents.
+func (c *kvCache) popFree() int32 {
+	id := c.head
+	if id == noBlock {
+		panic("engine: free queue empty after the free count allowed an allocation")
+	}
+	c.removeFree(id)
+	b := &c.blocks[id]
+	if b.cached {
+		if c.byHash[b.hash] == id {
+			delete(c.byHash, b.hash)
+		}
+		b.cached = false
+	}
+	b.refCount = 1
+	return id
+}
+
+// touch takes a reference on a cached block found by a prefix lookup.
+func (c *kvCache) touch(id int32) {
+	b := &c.blocks[id]
+	if b.refCount == 0 {
+		c.removeFree(id)
+	}
+	b.refCount++
+}
+
+// computedPrefix returns the cached blocks that hold the longest prefix of
+// req's tokens. At least one token is always left to compute, because the
+// step that computes it is the one that samples the next token.
+func (c *kvCache) computedPrefix(req *Request) []int32 {
+	if !c.prefixCaching {
+		return nil
+	}
+	maxBlocks := (req.numTokens() - 1) / c.blockSize
+	req.extendHashes(c.blockSize, maxBlocks)
+	var hits []int32
+	for i := 0; i < maxBlocks; i++ {
+		id, ok := c.byHash[req.blockHashes[i]]
+		if !ok {
+			break
+		}
+		hits = append(hits, id)
+	}
+	return hits
+}
+
+// allocate gives req the blocks it needs to hold numNewTokens more tokens
+// after its computed ones, taking references on the prefix blocks found
+// first (only when req holds no blocks yet). It reports false, changing
+// nothing, when too few blocks are free.
+func (c *kvCache) allocate(req *Request, numNewTokens int, prefix []int32) bool {
+	need := ceilDiv(req.numComputed+len(prefix)*c.blockSize+numNewTokens, c.blockSize) - len(req.blocks) - len(prefix)
+	if need < 0 {
+		need = 0
+	}
+	// Prefix blocks nobody holds sit in the free queue; taking them leaves
+	// fewer blocks to allocate from.
+	evictable := 0
+	for _, id := range prefix {
+		if c.blocks[id].refCount == 0 {
+			evictable++
+		}
+	}
+	if need > c.numFree-evictable {
+		return false
+	}
+	if len(prefix) > 0 {
+		for _, id := range prefix {
+			c.touch(id)
+		}
+		req.blocks = append(req.blocks, prefix...)
+		req.numCachedBlocks = len(prefix)
+	}
+	for range need {
+		req.blocks = append(req.blocks, c.popFree())
+	}
+	return true
+}
+
+// cacheFullBlocks makes req's fully computed blocks findable by hash.
+func (c *kvCache) cacheFullBlocks(req *Request) {
+	if !c.prefixCaching {
+		return
+	}
+	full := min(req.numComputed/c.blockSize, len(req.blocks))
+	if full <= req.numCachedBlocks {
+		return
+	}
+	req.extendHashes(c.blockSize, full)
+	for i := req.numCachedBlocks; i < full; i++ {
+		id := req.blocks[i]
+		b := &c.blocks[id]
+		h := req.blockHashes[i]
+		if b.cached {
+			continue
+		}
+		b.hash, b.cached = h, true
+		if _, dup := c.byHash[h]; !dup {
+			c.byHash[h] = id
+		}
+	}
+	req.numCachedBlocks = full
+}
+
+// release drops req's references. Blocks are queued last block first, so
+// that a prefix's tail is evicted before its head, which more requests share.
+func (c *kvCache) release(req *Request) {
+	for i := len(req.blocks) - 1; i >= 0; i-- {
+		id := req.blocks[i]
+		b := &c.blocks[id]
+		b.refCount--
+		if b.refCount < 0 {
+			panic("engine: block reference count below zero")
+		}
+		if b.refCount == 0 {
+			if b.cached && c.byHash[b.hash] != id {
+				// A duplicate of a block already findable by hash: nobody
+				// can hit it, so it need not wait behind useful blocks.
+				b.cached = false
+			}
+			c.pushFree(id)
+		}
+	}
+	req.blocks = req.blocks[:0]
+	req.numCachedBlocks = 0
+}
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }

@@ -1,0 +1,117 @@
+package engine
+
+import (
+	"time"
+
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
+)
+
+// FinishReason says why a request stopped; the zero value means it has not.
+type FinishReason = dpnodev1.FinishReason
+
+// The finish reasons, re-exported so that callers of the scheduler need not
+// import the wire package.
+const (
+	NotFinished    = dpnodev1.FinishReason_FINISH_REASON_UNSPECIFIED
+	FinishedStop   = dpnodev1.FinishReason_FINISH_REASON_STOP
+	FinishedLength = dpnodev1.FinishReason_FINISH_REASON_LENGTH
+	FinishedAbort  = dpnodev1.FinishReason_FINISH_REASON_ABORT
+	FinishedError  = dpnodev1.FinishReason_FINISH_REASON_ERROR
+)
+
+// SamplingParams are the sampling settings the engine acts on.
+type SamplingParams struct {
+	// MaxTokens is the most tokens to generate, counting tokens generated
+	// before a migration; 0 means up to the context length.
+	MaxTokens int
+	// MinTokens is the fewest tokens generated before EOS or a stop token
+	// may end the request.
+	MinTokens    int
+	Temperature  float32
+	TopP         float32
+	Seed         *int64
+	IgnoreEOS    bool
+	StopTokenIDs []uint32
+}
+
+// NewRequest is what a caller hands the scheduler.
+type NewRequest struct {
+	ID     string
+	Prompt []uint32
+	// Output holds tokens generated elsewhere before a migration; the
+	// request continues after them.
+	Output   []uint32
+	Sampling SamplingParams
+	Arrival  time.Time
+	// Client is carried back in every Output of the request, so that the
+	// caller can route it without a lookup of its own.
+	Client any
+}
+
+// Request is the scheduler's state of one request. Its fields are the
+// scheduler's; callers read them only through Output.
+type Request struct {
+	id       string
+	prompt   []uint32
+	output   []uint32
+	sampling SamplingParams
+	client   any
+	arrival  time.Time
+	// promptHash keys the executor's deterministic sampling.
+	promptHash uint64
+	// numComputed counts leading tokens whose KV is computed.
+	numComputed int
+	blocks      []int32
+	// blockHashes holds the hashes of the leading full blocks of
+	// prompt+output computed so far; it only grows.
+	blockHashes []BlockHash
+	// numCachedBlocks counts leading blocks findable by hash.
+	numCachedBlocks int
+	// numCachedTokens is the prefix-cache hit of the first schedule, reported
+	// with the first output.
+	numCachedTokens int
+	firstScheduled  bool
+	reportedFirst   bool
+	numPreemptions  int
+	// newTokens collects this step's tokens until Update reports them.
+	newTokens []uint32
+}
+
+func (r *Request) numTokens() int { return len(r.prompt) + len(r.output) }
+
+func (r *Request) tokenAt(i int) uint32 {
+	if i < len(r.prompt) {
+		return r.prompt[i]
+	}
+	return r.output[i-len(r.prompt)]
+}
+
+// extendHashes computes the hashes of the first n full blocks.
+func (r *Request) extendHashes(blockSize, n int) {
+	if n*blockSize > r.numTokens() {
+		panic("engine: hashing a block that is not full")
+	}
+	var buf []uint32
+	for i := len(r.blockHashes); i < n; i++ {
+		buf = buf[:0]
+		for j := i * blockSize; j < (i+1)*blockSize; j++ {
+			buf = append(buf, r.tokenAt(j))
+		}
+		var parent BlockHash
+		if i > 0 {
+			parent = r.blockHashes[i-1]
+		}
+		r.blockHashes = append(r.blockHashes, HashBlock(parent, buf))
+	}
+}
+
+// PromptHash is the key of deterministic sampling: a hash of the prompt's
+// tokens and the request's seed, so that token i of a request depends only
+// on the prompt, the seed and i, wherever it runs.
+func PromptHash(prompt []uint32, seed *int64) uint64 {
+	var s uint64
+	if seed != nil {
+		s = uint64(*seed)
+	}
+	return uint64(HashBlock(BlockHash(s), prompt))
+}

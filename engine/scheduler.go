@@ -1,0 +1,363 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// Errors a request can be refused with.
+var (
+	ErrEmptyPrompt   = errors.New("engine: the prompt has no tokens")
+	ErrTooLong       = errors.New("engine: the request does not fit in the model's context length")
+	ErrDuplicateID   = errors.New("engine: a request with this id is already in the engine")
+	ErrExceedsKVSize = errors.New("engine: the request needs more KV cache blocks than the engine has")
+)
+
+// SchedulerConfig sizes one engine's batching and KV cache.
+type SchedulerConfig struct {
+	// MaxNumSeqs bounds the requests in a step (--max-num-seqs); vLLM's
+	// default of 256 keeps decode steps in the memory-bound regime.
+	MaxNumSeqs int
+	// MaxNumBatchedTokens is the token budget of a step
+	// (--max-num-batched-tokens); long prompts are prefilled in chunks of
+	// at most this many tokens, which bounds how long a step stalls decodes.
+	MaxNumBatchedTokens int
+	// BlockSize is the number of tokens in a KV block; 16 as in vLLM.
+	BlockSize int
+	// NumBlocks is the number of KV blocks on the GPU.
+	NumBlocks int
+	// MaxModelLen is the context length: prompt plus output.
+	MaxModelLen int
+	// EnablePrefixCaching keeps freed blocks findable by their tokens.
+	EnablePrefixCaching bool
+	// EOSTokenID ends a request when sampled, unless it ignores EOS.
+	EOSTokenID uint32
+}
+
+// DefaultSchedulerConfig is vLLM's default for one H100 serving an 8B model.
+func DefaultSchedulerConfig() SchedulerConfig {
+	return SchedulerConfig{
+		MaxNumSeqs:          256,
+		MaxNumBatchedTokens: 8192,
+		BlockSize:           16,
+		NumBlocks:           25600,
+		MaxModelLen:         32768,
+		EnablePrefixCaching: true,
+	}
+}
+
+// Validate rejects a configuration that could never serve a request.
+func (c SchedulerConfig) Validate() error {
+	switch {
+	case c.MaxNumSeqs < 1:
+		return fmt.Errorf("engine: --max-num-seqs must be at least 1, got %d", c.MaxNumSeqs)
+	case c.MaxNumBatchedTokens < 1:
+		return fmt.Errorf("engine: --max-num-batched-tokens must be at least 1, got %d", c.MaxNumBatchedTokens)
+	case c.MaxNumBatchedTokens < c.MaxNumSeqs:
+		return fmt.Errorf("engine: --max-num-batched-tokens (%d) must be at least --max-num-seqs (%d), so that every running sequence can decode in a step", c.MaxNumBatchedTokens, c.MaxNumSeqs)
+	case c.BlockSize < 1:
+		return fmt.Errorf("engine: block size must be at least 1, got %d", c.BlockSize)
+	case c.MaxModelLen < 2:
+		return fmt.Errorf("engine: max model length must be at least 2, got %d", c.MaxModelLen)
+	case ceilDiv(c.MaxModelLen, c.BlockSize) > c.NumBlocks:
+		return fmt.Errorf("engine: the KV cache (%d blocks of %d tokens) cannot hold one sequence of the max model length %d; lower the max model length", c.NumBlocks, c.BlockSize, c.MaxModelLen)
+	}
+	return nil
+}
+
+// Output is what a step produced for one request.
+type Output struct {
+	ID     string
+	Client any
+	// NewTokens are the tokens sampled since the previous output.
+	NewTokens []uint32
+	Finish    FinishReason
+	// NumCachedTokens is the prefix-cache hit, on the first output only.
+	NumCachedTokens int
+	// First marks the request's first output from this engine.
+	First bool
+}
+
+// Stats is an engine's load after a step.
+type Stats struct {
+	NumWaiting int
+	NumRunning int
+	// KVUsage is the share of KV blocks held by requests.
+	KVUsage float64
+	// Cumulative prompt tokens looked up in the prefix cache, and found.
+	PrefixQueries  uint64
+	PrefixHits     uint64
+	NumPreemptions uint64
+	Steps          uint64
+}
+
+// Scheduler decides what each step computes: continuous batching over a
+// waiting and a running queue with a token budget per step, chunked prefill,
+// a block KV cache with prefix caching, and preemption by recompute when
+// blocks run out. It is not safe for concurrent use.
+type Scheduler struct {
+	cfg      SchedulerConfig
+	kv       *kvCache
+	requests map[string]*Request
+	// waiting is in admission order; preempted requests go back to its
+	// front. running is in the order requests were admitted, so the last
+	// is the first preempted.
+	waiting []*Request
+	running []*Request
+	stats   Stats
+	// scheduled is the batch of the step in flight, in Batch order; Update
+	// consumes it.
+	scheduled []*Request
+}
+
+// NewScheduler returns a scheduler; cfg must pass Validate.
+func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Scheduler{
+		cfg:      cfg,
+		kv:       newKVCache(cfg.NumBlocks, cfg.BlockSize, cfg.EnablePrefixCaching),
+		requests: make(map[string]*Request),
+	}, nil
+}
+
+// Config returns the scheduler's configuration.
+func (s *Scheduler) Config() SchedulerConfig { return s.cfg }
+
+// Add queues a request, or refuses it with an error a client can read.
+func (s *Scheduler) Add(nr NewRequest) error {
+	total := len(nr.Prompt) + len(nr.Output)
+	switch {
+	case len(nr.Prompt) == 0:
+		return ErrEmptyPrompt
+	case s.requests[nr.ID] != nil:
+		return fmt.Errorf("%w: %q", ErrDuplicateID, nr.ID)
+	case total >= s.cfg.MaxModelLen:
+		return fmt.Errorf("%w: %d tokens of prompt and output so far, context length %d", ErrTooLong, total, s.cfg.MaxModelLen)
+	case nr.Sampling.MaxTokens > 0 && len(nr.Output) >= nr.Sampling.MaxTokens:
+		return fmt.Errorf("engine: request %q already has its %d tokens", nr.ID, nr.Sampling.MaxTokens)
+	}
+	req := &Request{
+		id:         nr.ID,
+		prompt:     nr.Prompt,
+		output:     slices.Clone(nr.Output),
+		sampling:   nr.Sampling,
+		client:     nr.Client,
+		arrival:    nr.Arrival,
+		promptHash: PromptHash(nr.Prompt, nr.Sampling.Seed),
+	}
+	s.requests[req.id] = req
+	s.waiting = append(s.waiting, req)
+	return nil
+}
+
+// Abort removes requests and frees their blocks; unknown ids are ignored,
+// since a request may finish while its abort is on the way.
+func (s *Scheduler) Abort(ids ...string) {
+	for _, id := range ids {
+		req := s.requests[id]
+		if req == nil {
+			continue
+		}
+		s.remove(req)
+	}
+}
+
+func (s *Scheduler) remove(req *Request) {
+	delete(s.requests, req.id)
+	s.kv.release(req)
+	s.waiting = slices.DeleteFunc(s.waiting, func(r *Request) bool { return r == req })
+	s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return r == req })
+}
+
+// HasWork reports whether any request waits or runs.
+func (s *Scheduler) HasWork() bool { return len(s.requests) > 0 }
+
+// Len is the number of requests in the engine.
+func (s *Scheduler) Len() int { return len(s.requests) }
+
+// Stats returns the engine's load now.
+func (s *Scheduler) Stats() Stats {
+	st := s.stats
+	st.NumWaiting = len(s.waiting)
+	st.NumRunning = len(s.running)
+	st.KVUsage = s.kv.usage()
+	return st
+}
+
+// Schedule picks the next step's batch. Running requests go first (one
+// decode token each, or their next prefill chunk), preempting the most
+// recently admitted when blocks run out; then waiting requests are admitted
+// in order while the token budget, the sequence limit and the blocks allow.
+// Schedule must be followed by Update before it is called again.
+func (s *Scheduler) Schedule() *Batch {
+	if s.scheduled != nil {
+		panic("engine: Schedule called with a step in flight")
+	}
+	budget := s.cfg.MaxNumBatchedTokens
+	batch := &Batch{Step: s.stats.Steps + 1}
+	preemptionsBefore := s.stats.NumPreemptions
+
+	for i := 0; i < len(s.running) && budget > 0; {
+		req := s.running[i]
+		n := min(req.numTokens()-req.numComputed, budget)
+		if !s.allocateRunning(req, n) {
+			break
+		}
+		s.add(batch, req, n)
+		budget -= n
+		i++
+	}
+	preempted := s.stats.NumPreemptions != preemptionsBefore
+
+	// vLLM admits nothing in a step that had to preempt: the blocks are
+	// short, and a new request would only be preempted next.
+	for !preempted && len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs {
+		req := s.waiting[0]
+		prefix := s.kv.computedPrefix(req)
+		cached := len(prefix) * s.cfg.BlockSize
+		n := min(req.numTokens()-cached, budget)
+		if !s.kv.allocate(req, n, prefix) {
+			break
+		}
+		req.numComputed = cached
+		s.stats.PrefixQueries += uint64(req.numTokens())
+		s.stats.PrefixHits += uint64(cached)
+		if !req.firstScheduled {
+			req.firstScheduled = true
+			req.numCachedTokens = cached
+		}
+		s.waiting = s.waiting[1:]
+		s.running = append(s.running, req)
+		s.add(batch, req, n)
+		budget -= n
+	}
+	if len(s.scheduled) == 0 && s.HasWork() {
+		panic("engine: requests are waiting but none could be scheduled; the config check should have made that impossible")
+	}
+	if len(s.scheduled) > 0 {
+		s.stats.Steps++
+	}
+	return batch
+}
+
+func (s *Scheduler) add(batch *Batch, req *Request, n int) {
+	total := req.numTokens()
+	sr := ScheduledRequest{
+		ID:              req.id,
+		PromptHash:      req.promptHash,
+		Sampling:        &req.sampling,
+		NumComputed:     req.numComputed,
+		NumNewTokens:    n,
+		NumPromptTokens: len(req.prompt),
+		SampleIndex:     -1,
+		Decode:          n == 1 && req.numComputed == total-1 && len(req.output) > 0,
+	}
+	if req.numComputed+n == total {
+		sr.SampleIndex = len(req.output)
+	}
+	if sr.Decode {
+		batch.NumDecodeSeqs++
+		batch.DecodeContextTokens += int64(total)
+	} else {
+		batch.NumPrefillTokens += n
+		batch.PrefillContextProduct += int64(n) * (int64(req.numComputed) + int64(n)/2)
+	}
+	batch.Requests = append(batch.Requests, sr)
+	s.scheduled = append(s.scheduled, req)
+}
+
+// allocateRunning finds blocks for a running request's next n tokens,
+// preempting from the back of the running queue until they fit. It reports
+// false when req itself had to be preempted.
+func (s *Scheduler) allocateRunning(req *Request, n int) bool {
+	for !s.kv.allocate(req, n, nil) {
+		victim := s.running[len(s.running)-1]
+		s.preempt(victim)
+		if victim == req {
+			return false
+		}
+	}
+	return true
+}
+
+// preempt frees a running request's blocks and puts it back at the front
+// of the waiting queue; it will recompute its tokens (mostly from the
+// prefix cache) when admitted again.
+func (s *Scheduler) preempt(req *Request) {
+	s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return r == req })
+	s.kv.release(req)
+	req.numComputed = 0
+	req.numPreemptions++
+	s.stats.NumPreemptions++
+	s.waiting = slices.Insert(s.waiting, 0, req)
+	// A request preempted after being scheduled in this step would be
+	// computed with blocks it no longer holds.
+	if i := slices.Index(s.scheduled, req); i >= 0 {
+		panic(fmt.Sprintf("engine: preempted request %q already in the batch at %d", req.id, i))
+	}
+}
+
+// Update applies the result of the step Schedule returned and reports each
+// request's new tokens and finish. Requests aborted while the step ran are
+// skipped.
+func (s *Scheduler) Update(batch *Batch, res StepResult) []Output {
+	scheduled := s.scheduled
+	s.scheduled = nil
+	if len(scheduled) != len(batch.Requests) {
+		panic("engine: Update with a batch that is not the one in flight")
+	}
+	outs := make([]Output, 0, len(scheduled))
+	finished := false
+	for i, req := range scheduled {
+		if s.requests[req.id] != req {
+			continue
+		}
+		sr := &batch.Requests[i]
+		req.numComputed += sr.NumNewTokens
+		s.kv.cacheFullBlocks(req)
+		if sr.SampleIndex < 0 {
+			continue
+		}
+		tok := res.Tokens[i]
+		req.output = append(req.output, tok)
+		out := Output{ID: req.id, Client: req.client, NewTokens: []uint32{tok}, Finish: s.checkStop(req, tok)}
+		if !req.reportedFirst {
+			req.reportedFirst = true
+			out.First = true
+			out.NumCachedTokens = req.numCachedTokens
+		}
+		if out.Finish != NotFinished {
+			finished = true
+			delete(s.requests, req.id)
+			s.kv.release(req)
+		}
+		outs = append(outs, out)
+	}
+	if finished {
+		s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return s.requests[r.id] != r })
+	}
+	return outs
+}
+
+func (s *Scheduler) checkStop(req *Request, tok uint32) FinishReason {
+	n := len(req.output)
+	sp := &req.sampling
+	if n >= sp.MinTokens {
+		if tok == s.cfg.EOSTokenID && !sp.IgnoreEOS {
+			return FinishedStop
+		}
+		if slices.Contains(sp.StopTokenIDs, tok) {
+			return FinishedStop
+		}
+	}
+	if sp.MaxTokens > 0 && n >= sp.MaxTokens {
+		return FinishedLength
+	}
+	if req.numTokens() >= s.cfg.MaxModelLen {
+		return FinishedLength
+	}
+	return NotFinished
+}

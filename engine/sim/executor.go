@@ -101,13 +101,17 @@ func (t *Tokenizer) Sample(promptHash uint64, i int, sp *engine.SamplingParams) 
 		return EOSToken
 	}
 	x := mix(promptHash ^ mix(uint64(i)))
-	switch r := x % 100; {
-	case r < 6 && i > 0:
-		return t.ids["."]
-	case r < 10 && i > 0:
-		return t.ids[","]
-	case r == 10 && i > 0:
-		return t.ids["\n"]
+	// Punctuation never follows punctuation: index i may be punctuation
+	// only where i-1 did not draw it, which keeps token i a function of i.
+	if r := x % 100; r < 11 && i > 0 && mix(promptHash^mix(uint64(i-1)))%100 >= 11 {
+		switch {
+		case r < 6:
+			return t.ids["."]
+		case r < 10:
+			return t.ids[","]
+		default:
+			return t.ids["\n"]
+		}
 	}
 	return firstWordToken + uint32((x>>8)%uint64(t.numWords()))
 }

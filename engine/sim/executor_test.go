@@ -108,6 +108,13 @@ func TestSampleIsDeterministicWordsEndingInEOS(t *testing.T) {
 		}
 		ids = append(ids, id)
 	}
+	for i := 1; i < len(ids); i++ {
+		if tok.Decode(ids[i-1:i]) == "," || tok.Decode(ids[i-1:i]) == "." {
+			if p := tok.Decode(ids[i : i+1]); p == "," || p == "." || p == "\n" {
+				t.Fatalf("punctuation %q follows punctuation at %d", p, i)
+			}
+		}
+	}
 	text := tok.Decode(ids)
 	if words := len(strings.Fields(text)); words < n/2 {
 		t.Fatalf("%d tokens decoded to %d words: %q", n, words, text)
@@ -151,6 +158,9 @@ func TestTokenizerIsPrefixStable(t *testing.T) {
 	}
 	if n := len(tok.Encode(strings.Repeat(" word", 1000))); n != 1000 {
 		t.Fatalf("1000 words encode to %d tokens", n)
+	}
+	if ids := tok.Encode("<|start_header_id|>user<|end_header_id|>"); len(ids) != 3 || tok.Decode(ids[:1]) != "" {
+		t.Fatalf("chat template markers encode to %v; want one silent token each", ids)
 	}
 }
 

@@ -55,6 +55,10 @@ engine token cache batch request server cluster node rank wave expert layer
 memory latency throughput prefix block stream queue data parallel compute
 `)
 
+// specialTokens are the chat template's markers: one token each, decoding
+// to nothing, as in Llama 3's tokenizer.
+var specialTokens = []string{"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|end_of_text|>"}
+
 var punctuation = []string{".", ",", "\n", ":", ";", "?", "!", "-", "'", "\""}
 
 // Tokenizer is the simulated model's tokenizer. Encoding is prefix-stable
@@ -84,6 +88,9 @@ func NewTokenizer(vocabSize uint32) *Tokenizer {
 	}
 	t := &Tokenizer{ids: map[string]uint32{}, vocabSize: vocabSize}
 	t.pieces = make([]string, firstWordToken)
+	for i, sp := range specialTokens {
+		t.ids[sp] = EOSToken + 1 + uint32(i)
+	}
 	add := func(p string) {
 		if _, dup := t.ids[p]; dup {
 			return
@@ -134,6 +141,11 @@ func (t *Tokenizer) id(piece string) uint32 {
 
 // pieceLen returns the byte length of the piece at the start of text.
 func pieceLen(text string) int {
+	if strings.HasPrefix(text, "<|") {
+		if end := strings.Index(text[:min(len(text), 24)], "|>"); end > 0 {
+			return end + 2
+		}
+	}
 	r, size := utf8.DecodeRuneInString(text)
 	start := 0
 	if r == ' ' && len(text) > 1 {

@@ -1,0 +1,133 @@
+package actors
+
+import (
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/dpnode/dpnode/dp"
+	"github.com/dpnode/dpnode/engine"
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
+)
+
+// CoordinatorConfig sets up a CoordinatorActor.
+type CoordinatorConfig struct {
+	// Epoch numbers this coordinator incarnation; every message it sends
+	// carries it, and receivers ignore older ones.
+	Epoch   uint64
+	Publish dp.PublishConfig
+	Clock   engine.Clock
+	Metrics *Metrics
+	Logger  *slog.Logger
+}
+
+// CoordinatorActor aggregates the engines' stats and publishes load
+// snapshots to its subscribers: at most every Publish.MinInterval while
+// loads change, and a heartbeat every Publish.Heartbeat otherwise. Between
+// those it is idle: one timer, no polling.
+type CoordinatorActor struct {
+	cfg   CoordinatorConfig
+	self  *actor.PID
+	root  *actor.RootContext
+	pub   *dp.Publisher
+	loads map[uint32]*dpnodev1.RankLoad
+	subs  []subscriber
+	seq   uint64
+	timer *time.Timer
+	// timerAt is when the armed timer fires; zero when none is armed.
+	timerAt time.Time
+	// timerGen tells the armed timer's tick from one of a timer replaced
+	// after it had already fired.
+	timerGen uint64
+}
+
+type subscriber struct {
+	pid *actor.PID
+	// ranks filters the snapshot; empty means all.
+	ranks []uint32
+}
+
+// NewCoordinatorProducer returns the producer of a CoordinatorActor.
+func NewCoordinatorProducer(cfg CoordinatorConfig) actor.Producer {
+	return func() actor.Actor {
+		return &CoordinatorActor{cfg: cfg, loads: make(map[uint32]*dpnodev1.RankLoad)}
+	}
+}
+
+// Receive implements actor.Actor.
+func (c *CoordinatorActor) Receive(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *actor.Started:
+		c.self, c.root = ctx.Self(), ctx.ActorSystem().Root
+		c.pub = dp.NewPublisher(c.cfg.Publish)
+		c.tick(ctx)
+	case *actor.Stopping, *actor.Restarting:
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+	case *dpnodev1.SubscribeLoad:
+		if ctx.Sender() == nil {
+			return
+		}
+		c.subs = slices.DeleteFunc(c.subs, func(s subscriber) bool { return s.pid.Equal(ctx.Sender()) })
+		s := subscriber{pid: ctx.Sender(), ranks: msg.Ranks}
+		c.subs = append(c.subs, s)
+		ctx.Send(s.pid, c.snapshot(s, false))
+	case *dpnodev1.ReportStats:
+		st := msg.Stats
+		c.loads[st.Rank] = &dpnodev1.RankLoad{
+			Rank:             st.Rank,
+			NumWaiting:       st.NumWaiting,
+			NumRunning:       st.NumRunning,
+			KvCacheUsage:     st.KvCacheUsage,
+			ReportedUnixNano: c.cfg.Clock.Now().UnixNano(),
+		}
+		c.pub.Changed()
+		c.tick(ctx)
+	case *coordinatorTick:
+		if msg.gen == c.timerGen {
+			c.timerAt = time.Time{}
+			c.tick(ctx)
+		}
+	}
+}
+
+// tick publishes if a snapshot is due and arms the timer for the next.
+func (c *CoordinatorActor) tick(ctx actor.Context) {
+	now := c.cfg.Clock.Now()
+	publish, heartbeat, next := c.pub.Due(now)
+	if publish {
+		c.seq++
+		c.cfg.Metrics.snapshots.Inc()
+		for _, s := range c.subs {
+			ctx.Send(s.pid, c.snapshot(s, heartbeat))
+		}
+	}
+	if c.timerAt.IsZero() || next.Before(c.timerAt) {
+		if c.timer != nil {
+			c.timer.Stop()
+		}
+		c.timerGen++
+		self, root, tick := c.self, c.root, &coordinatorTick{gen: c.timerGen}
+		c.timerAt = next
+		c.timer = time.AfterFunc(next.Sub(now), func() { root.Send(self, tick) })
+	}
+}
+
+func (c *CoordinatorActor) snapshot(s subscriber, heartbeat bool) *dpnodev1.LoadSnapshot {
+	snap := &dpnodev1.LoadSnapshot{
+		CoordinatorEpoch:  c.cfg.Epoch,
+		Seq:               c.seq,
+		PublishedUnixNano: c.cfg.Clock.Now().UnixNano(),
+		Heartbeat:         heartbeat,
+	}
+	for rank, l := range c.loads {
+		if len(s.ranks) == 0 || slices.Contains(s.ranks, rank) {
+			snap.Ranks = append(snap.Ranks, l)
+		}
+	}
+	slices.SortFunc(snap.Ranks, func(a, b *dpnodev1.RankLoad) int { return int(a.Rank) - int(b.Rank) })
+	return snap
+}

@@ -1,0 +1,14 @@
+// Package actors runs a node as protoactor-go actors: the NodeActor at the
+// root, the CoordinatorActor, and the APIServerActor that supervises one
+// EngineActor per local data-parallel rank.
+//
+// Ordering guarantees: an engine sends one StepOutputs message per step to
+// each API server that has requests in the step, so a request's tokens
+// arrive in order; the API server forwards them to the request's Stream in
+// that order. A request that loses its engine is re-dispatched (no output
+// yet) or migrated with its tokens so far, so its stream continues without
+// a gap or a duplicate; a request is finished on its stream exactly once.
+// No actor blocks on a network write or a step: steps run off the engine's
+// mailbox and report back as messages; streams are unbounded queues that
+// HTTP handlers drain.
+package actors

@@ -1,0 +1,58 @@
+package actors
+
+import (
+	"time"
+
+	"github.com/dpnode/dpnode/engine"
+)
+
+// AnyRank lets the API server choose the rank of a request.
+const AnyRank = -1
+
+// Submission asks the API server to serve one request of a client call.
+// It never leaves the process: the Stream is a local queue.
+type Submission struct {
+	// ID is unique among the node's requests in flight.
+	ID       string
+	Prompt   []uint32
+	Sampling engine.SamplingParams
+	// Rank pins the request to a rank (X-data-parallel-rank), or is AnyRank.
+	Rank int
+	// Stream receives the request's events, tagged with Index.
+	Stream *Stream
+	Index  int
+	// Arrival is when the client call arrived, for latency metrics.
+	Arrival time.Time
+}
+
+// Abort cancels a request: its client went away or a stop string matched.
+// Its stream gets no further events.
+type Abort struct {
+	ID string
+}
+
+// awaitReady asks the API server to answer with ready once all of its
+// engines have started.
+type awaitReady struct{}
+
+type ready struct{}
+
+// getView asks the API server for its ranks, for /v1/cluster.
+type getView struct{}
+
+// engineFailed is the API server's own note that a child engine crashed;
+// restart brings the engine back.
+type engineFailed struct {
+	rank    int
+	reason  any
+	restart func()
+}
+
+// expireParked fires when the oldest parked request may have waited too
+// long for a rank.
+type expireParked struct{}
+
+// coordinatorTick wakes the coordinator when a snapshot may be due.
+type coordinatorTick struct {
+	gen uint64
+}

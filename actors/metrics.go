@@ -1,0 +1,113 @@
+package actors
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Histogram buckets of vLLM's metrics, so that dashboards built for vLLM
+// read dpnode's the same way.
+var (
+	ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
+	itlBuckets  = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+	e2eBuckets  = []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}
+)
+
+// Metrics are a node's Prometheus series: vLLM's names with an engine
+// label per rank and the served model's name, plus dpnode's own.
+type Metrics struct {
+	model                     string
+	running, waiting, kvUsage *prometheus.GaugeVec
+	success                   *prometheus.CounterVec
+	promptTokens, generation  *prometheus.CounterVec
+	prefixQueries, prefixHits *prometheus.CounterVec
+	preemptions, steps        *prometheus.CounterVec
+	ttft, itl, e2e            *prometheus.HistogramVec
+	restarts, migrated        *prometheus.CounterVec
+	redispatched, failed      *prometheus.CounterVec
+	inflight, ready           *prometheus.GaugeVec
+	parked                    prometheus.Gauge
+	snapshots                 prometheus.Counter
+}
+
+// NewMetrics registers a node's series on reg.
+func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
+	labels := []string{"model_name", "engine"}
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+	}
+	counter := func(name, help string, extra ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, append(labels[:2:2], extra...))
+	}
+	hist := func(name, help string, buckets []float64) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+	}
+	m := &Metrics{
+		model:         model,
+		running:       gauge("vllm:num_requests_running", "Number of requests in model execution batches."),
+		waiting:       gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+		kvUsage:       gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+		success:       counter("vllm:request_success_total", "Count of successfully processed requests.", "finished_reason"),
+		promptTokens:  counter("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
+		generation:    counter("vllm:generation_tokens_total", "Number of generation tokens processed."),
+		prefixQueries: counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in tokens."),
+		prefixHits:    counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in tokens."),
+		preemptions:   counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine."),
+		steps:         counter("dpnode_engine_steps_total", "Engine steps run."),
+		ttft:          hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
+		itl:           hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itlBuckets),
+		e2e:           hist("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", e2eBuckets),
+		restarts:      counter("dpnode_engine_restarts_total", "Engine actor crashes followed by a restart."),
+		migrated:      counter("dpnode_requests_migrated_total", "Requests moved mid-stream off a crashed engine, counted on the rank they left."),
+		redispatched:  counter("dpnode_requests_redispatched_total", "Requests with no output yet sent again off a crashed engine, counted on the rank they left."),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dpnode_requests_failed_total",
+			Help: "Requests that ended in an error, by reason."}, []string{"model_name", "reason"}),
+		inflight: gauge("dpnode_requests_in_flight", "Requests this API server has sent to the rank that have not finished."),
+		ready:    gauge("dpnode_engine_ready", "1 while the rank's engine takes requests."),
+		parked: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dpnode_requests_parked",
+			Help: "Requests waiting for a rank to become available.", ConstLabels: prometheus.Labels{"model_name": model}}),
+		snapshots: prometheus.NewCounter(prometheus.CounterOpts{Name: "dpnode_load_snapshots_total",
+			Help: "Load snapshots published by this node's coordinator."}),
+	}
+	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.success, m.promptTokens, m.generation,
+		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.ttft, m.itl, m.e2e, m.restarts,
+		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.parked, m.snapshots)
+	return m
+}
+
+// rankMetrics holds one rank's series, resolved once so that the per-token
+// path does no label lookups.
+type rankMetrics struct {
+	running, waiting, kvUsage prometheus.Gauge
+	stop, length, abort       prometheus.Counter
+	promptTokens, generation  prometheus.Counter
+	prefixQueries, prefixHits prometheus.Counter
+	preemptions, steps        prometheus.Counter
+	ttft, itl, e2e            prometheus.Observer
+	restarts, migrated        prometheus.Counter
+	redispatched              prometheus.Counter
+	inflight, ready           prometheus.Gauge
+}
+
+func (m *Metrics) forRank(rank int) *rankMetrics {
+	e := strconv.Itoa(rank)
+	l := prometheus.Labels{"model_name": m.model, "engine": e}
+	reason := func(r string) prometheus.Counter {
+		return m.success.With(prometheus.Labels{"model_name": m.model, "engine": e, "finished_reason": r})
+	}
+	return &rankMetrics{
+		running: m.running.With(l), waiting: m.waiting.With(l), kvUsage: m.kvUsage.With(l),
+		stop: reason("stop"), length: reason("length"), abort: reason("abort"),
+		promptTokens: m.promptTokens.With(l), generation: m.generation.With(l),
+		prefixQueries: m.prefixQueries.With(l), prefixHits: m.prefixHits.With(l),
+		preemptions: m.preemptions.With(l), steps: m.steps.With(l),
+		ttft: m.ttft.With(l), itl: m.itl.With(l), e2e: m.e2e.With(l),
+		restarts: m.restarts.With(l), migrated: m.migrated.With(l), redispatched: m.redispatched.With(l),
+		inflight: m.inflight.With(l), ready: m.ready.With(l),
+	}
+}
+
+func (m *Metrics) failedWith(reason string) {
+	m.failed.WithLabelValues(m.model, reason).Inc()
+}

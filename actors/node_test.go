@@ -1,0 +1,228 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	dpnode "github.com/dpnode/dpnode"
+	"github.com/dpnode/dpnode/dp"
+	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/engine/sim"
+	"github.com/dpnode/dpnode/gpu"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// crashingExecutor wraps the simulated executor and panics on the step
+// numbered crashAt (counted across incarnations), once.
+type crashingExecutor struct {
+	inner   engine.Executor
+	steps   *atomic.Int64
+	crashAt int64
+}
+
+func (c *crashingExecutor) Execute(ctx context.Context, b *engine.Batch) (engine.StepResult, error) {
+	if c.steps.Add(1) == c.crashAt {
+		panic("injected executor fault")
+	}
+	return c.inner.Execute(ctx, b)
+}
+
+type testNode struct {
+	*Node
+	reg   *prometheus.Registry
+	tok   *sim.Tokenizer
+	steps []*atomic.Int64
+}
+
+// startTestNode runs ranks engines of the 8B profile at timeScale; the
+// executor of rank crashRank panics on its crashAt-th step (0: never).
+func startTestNode(t *testing.T, ranks int, timeScale float64, crashRank int, crashAt int64) *testNode {
+	t.Helper()
+	profile, err := sim.LoadProfile(dpnode.SimProfiles, "llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn := &testNode{reg: prometheus.NewRegistry(), tok: sim.NewTokenizer(0)}
+	for range ranks {
+		tn.steps = append(tn.steps, new(atomic.Int64))
+	}
+	cfg := DefaultNodeConfig()
+	cfg.Model = "test-model"
+	cfg.Topology = dp.Topology{Size: ranks, LocalSize: ranks}
+	for i := range ranks {
+		cfg.Devices = append(cfg.Devices, gpu.Device{Index: i, UUID: fmt.Sprint("GPU-test-", i), Name: "test-gpu", Virtual: true})
+	}
+	cfg.Scheduler.EOSTokenID = sim.EOSToken
+	cfg.Scheduler.NumBlocks = profile.KVCacheBlocks
+	cfg.Registry = tn.reg
+	cfg.Restart.InitialBackoff = 10 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	cfg.NewExecutor = func(rank int, _ gpu.Device) (engine.Executor, error) {
+		e, err := sim.NewExecutor(sim.ExecutorConfig{Profile: profile, Tokenizer: tn.tok, Clock: engine.RealClock{}, TimeScale: timeScale})
+		if err != nil {
+			return nil, err
+		}
+		crash := int64(0)
+		if rank == crashRank {
+			crash = crashAt
+		}
+		return &crashingExecutor{inner: e, steps: tn.steps[rank], crashAt: crash}, nil
+	}
+	n, err := StartNode(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn.Node = n
+	t.Cleanup(n.Stop)
+	return tn
+}
+
+// result is what a stream delivered for one request.
+type result struct {
+	tokens []uint32
+	finish engine.FinishReason
+	err    error
+	ranks  []int
+}
+
+// collect drains a stream of one request until it finishes.
+func collect(ctx context.Context, s *Stream) result {
+	var r result
+	var buf []Event
+	for {
+		evs, err := s.Next(ctx, buf)
+		if err != nil {
+			r.err = err
+			return r
+		}
+		for _, ev := range evs {
+			r.tokens = append(r.tokens, ev.Tokens...)
+			if len(ev.Tokens) > 0 && (len(r.ranks) == 0 || r.ranks[len(r.ranks)-1] != ev.Rank) {
+				r.ranks = append(r.ranks, ev.Rank)
+			}
+			if ev.Finish != engine.NotFinished {
+				r.finish, r.err = ev.Finish, ev.Err
+				return r
+			}
+		}
+		buf = evs
+	}
+}
+
+func (tn *testNode) expected(prompt []uint32, sp engine.SamplingParams) []uint32 {
+	h := engine.PromptHash(prompt, sp.Seed)
+	var want []uint32
+	for i := range sp.MaxTokens {
+		want = append(want, tn.tok.Sample(h, i, &sp))
+	}
+	return want
+}
+
+// runBurst submits n requests at once and waits for all of them.
+func (tn *testNode) runBurst(t *testing.T, n, maxTokens int) []result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	results := make([]result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		s := NewStream()
+		tn.Submit(&Submission{
+			ID:       fmt.Sprint("req-", i),
+			Prompt:   tn.tok.Encode(fmt.Sprintf("request number %d asks about the cluster", i)),
+			Sampling: engine.SamplingParams{MaxTokens: maxTokens, IgnoreEOS: true},
+			Rank:     AnyRank,
+			Stream:   s,
+			Arrival:  time.Now(),
+		})
+		wg.Go(func() { results[i] = collect(ctx, s) })
+	}
+	wg.Wait()
+	return results
+}
+
+func TestBurstIsBalancedAndExact(t *testing.T) {
+	tn := startTestNode(t, 2, 0.01, -1, 0)
+	const n = 200
+	results := tn.runBurst(t, n, 5)
+	for i, r := range results {
+		prompt := tn.tok.Encode(fmt.Sprintf("request number %d asks about the cluster", i))
+		want := tn.expected(prompt, engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true})
+		if r.err != nil || r.finish != engine.FinishedLength || !slices.Equal(r.tokens, want) {
+			t.Fatalf("request %d: %v %v %v; want %v", i, r.err, r.finish, r.tokens, want)
+		}
+	}
+	for rank := range 2 {
+		served := metricSum(t, tn.reg, "vllm:request_success_total", rank)
+		if served <= n/3 {
+			t.Errorf("rank %d served %v of %d requests; vLLM's balance check wants more than %d", rank, served, n, n/3)
+		}
+	}
+}
+
+// metricSum adds up the series of a metric with engine label rank.
+func metricSum(t *testing.T, reg *prometheus.Registry, name string, rank int) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "engine" && l.GetValue() == fmt.Sprint(rank) {
+					total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return total
+}
+
+// TestEngineCrashMovesRequestsTokenExactly crashes rank 0 mid-load: its
+// requests continue on rank 1 (or on rank 0 after its restart) and every
+// stream ends with exactly the tokens of an undisturbed run.
+func TestEngineCrashMovesRequestsTokenExactly(t *testing.T) {
+	tn := startTestNode(t, 2, 0.05, 0, 8)
+	const n, maxTokens = 60, 20
+	results := tn.runBurst(t, n, maxTokens)
+	moved := 0
+	for i, r := range results {
+		prompt := tn.tok.Encode(fmt.Sprintf("request number %d asks about the cluster", i))
+		want := tn.expected(prompt, engine.SamplingParams{MaxTokens: maxTokens, IgnoreEOS: true})
+		if r.err != nil || !slices.Equal(r.tokens, want) {
+			t.Fatalf("request %d: err %v, %d tokens; want the undisturbed %d", i, r.err, len(r.tokens), len(want))
+		}
+		if len(r.ranks) > 1 {
+			moved++
+		}
+	}
+	restarts := metricSum(t, tn.reg, "dpnode_engine_restarts_total", 0)
+	migrated := metricSum(t, tn.reg, "dpnode_requests_migrated_total", 0)
+	if restarts != 1 || migrated == 0 || moved == 0 {
+		t.Fatalf("restarts %v, migrated %v, streams that changed rank %d; want one restart and migrations", restarts, migrated, moved)
+	}
+	// The restarted engine serves again.
+	for _, r := range tn.runBurst(t, 20, 3) {
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+	}
+}

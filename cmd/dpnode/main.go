@@ -1,0 +1,84 @@
+// Command dpnode serves a large language model with data parallelism
+// across GPUs and nodes, behind the OpenAI HTTP API.
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	dpnode "github.com/dpnode/dpnode"
+	"github.com/dpnode/dpnode/cluster"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	if err := newRootCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "dpnode:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "dpnode",
+		Short:         "Serve an LLM with data parallelism across GPUs and nodes",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       version,
+	}
+	root.AddCommand(newJoinCommand())
+	return root
+}
+
+func newJoinCommand() *cobra.Command {
+	o := cluster.DefaultOptions()
+	var logLevel string
+	cmd := &cobra.Command{
+		Use:   "join",
+		Short: "Start a node: one engine per local GPU, and an OpenAI-compatible API server",
+		Long: `Start a node: one engine actor per data-parallel rank (one GPU each) and an
+API server that balances requests over them and serves the OpenAI HTTP API.
+With no seeds it starts a new single-node cluster. Where no GPU backend is
+configured the engines run the calibrated simulated executor.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("invalid flags: --log-level: %w", err)
+			}
+			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			o.Profiles = dpnode.SimProfiles
+			o.Version = version
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return cluster.Run(ctx, o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.Host, "host", o.Host, "address the HTTP server listens on")
+	f.IntVar(&o.Port, "port", o.Port, "HTTP port")
+	f.IntVar(&o.DataParallelSize, "data-parallel-size", 0, "ranks in the whole deployment (default: the local ranks)")
+	f.IntVar(&o.DataParallelSizeLocal, "data-parallel-size-local", 0, "ranks on this node, one GPU each (default: one per GPU found)")
+	f.IntVar(&o.DataParallelStartRank, "data-parallel-start-rank", 0, "first rank on this node")
+	f.StringVar(&o.Model, "model", "", "model to serve (default: the simulated profile's model)")
+	f.StringVar(&o.ServedModelName, "served-model-name", "", "model name clients use (default: --model)")
+	f.StringVar(&o.Engine, "engine", o.Engine, "executor: sim (the calibrated simulated executor)")
+	f.StringVar(&o.SimProfile, "sim-profile", o.SimProfile, "simulated GPU+model profile: a built-in name or a path to a profile .json")
+	f.Float64Var(&o.SimTimeScale, "sim-time-scale", o.SimTimeScale, "multiply simulated step times by this (0 runs steps at no cost)")
+	f.IntVar(&o.GPUs, "gpus", o.GPUs, "virtual GPUs to use where NVML finds no driver")
+	f.StringVar(&o.APIKey, "api-key", os.Getenv("DPNODE_API_KEY"), "require this bearer token on /v1 routes (default: $DPNODE_API_KEY)")
+	f.IntVar(&o.MaxNumSeqs, "max-num-seqs", 0, "most sequences in one engine step (default: the profile's, 256)")
+	f.IntVar(&o.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "token budget of one engine step (default: the profile's, 8192)")
+	f.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length, prompt plus output (default: the profile's)")
+	f.BoolVar(&o.NoPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off")
+	f.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "on SIGTERM, how long to let requests in flight finish")
+	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return cmd
+}

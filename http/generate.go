@@ -1,0 +1,415 @@
+package httpapi
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/dpnode/dpnode/actors"
+	"github.com/dpnode/dpnode/engine"
+)
+
+// maxChoices bounds n times the number of prompts of one call.
+const maxChoices = 128
+
+type promptInput struct {
+	text   string
+	tokens []uint32
+}
+
+// genSpec is one validated call of either endpoint.
+type genSpec struct {
+	chat         bool
+	id           string
+	created      int64
+	model        string
+	prompts      []promptInput
+	n            int
+	sampling     []engine.SamplingParams // per prompt: max_tokens defaults differ
+	stops        []string
+	includeStop  bool
+	stream       bool
+	includeUsage bool
+	echo         bool
+	rank         int
+}
+
+func newID(prefix string) string { return prefix + "-" + strings.ToLower(rand.Text()) }
+
+// spec validates the parameters both endpoints share.
+func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []promptInput) (*genSpec, *apiError) {
+	if e := s.checkModel(p.Model); e != nil {
+		return nil, e
+	}
+	g := &genSpec{chat: chat, created: time.Now().Unix(), model: s.cfg.Backend.Model(), prompts: prompts,
+		n: 1, stops: p.Stop, includeStop: p.IncludeStopStr, stream: p.Stream}
+	if chat {
+		g.id = newID("chatcmpl")
+	} else {
+		g.id = newID("cmpl")
+	}
+	if p.N != nil {
+		g.n = *p.N
+	}
+	switch {
+	case g.n < 1:
+		return nil, badRequest(fmt.Sprintf("n must be at least 1, got %d", g.n), "n")
+	case g.n*len(prompts) > maxChoices:
+		return nil, badRequest(fmt.Sprintf("n times the number of prompts must be at most %d, got %d", maxChoices, g.n*len(prompts)), "n")
+	case p.Temperature != nil && (*p.Temperature < 0 || *p.Temperature > 2):
+		return nil, badRequest(fmt.Sprintf("temperature must be between 0 and 2, got %v", *p.Temperature), "temperature")
+	case p.TopP != nil && (*p.TopP <= 0 || *p.TopP > 1):
+		return nil, badRequest(fmt.Sprintf("top_p must be in (0, 1], got %v", *p.TopP), "top_p")
+	case p.MinTokens < 0:
+		return nil, badRequest(fmt.Sprintf("min_tokens must be at least 0, got %d", p.MinTokens), "min_tokens")
+	case p.StreamOptions != nil && !p.Stream:
+		return nil, badRequest("stream_options can only be set when stream is true", "stream_options")
+	}
+	for _, stop := range p.Stop {
+		if stop == "" {
+			return nil, badRequest("stop strings must not be empty", "stop")
+		}
+	}
+	g.includeUsage = p.StreamOptions != nil && p.StreamOptions.IncludeUsage
+	rank, e := s.pinnedRank(r)
+	if e != nil {
+		return nil, e
+	}
+	g.rank = rank
+
+	maxTokens, param := p.MaxTokens, "max_tokens"
+	if p.MaxCompletionTokens != nil {
+		maxTokens, param = p.MaxCompletionTokens, "max_completion_tokens"
+	}
+	if maxTokens != nil && *maxTokens < 1 {
+		return nil, badRequest(fmt.Sprintf("%s must be at least 1, got %d", param, *maxTokens), param)
+	}
+	for _, pr := range prompts {
+		if len(pr.tokens) == 0 {
+			return nil, badRequest("the prompt is empty", "prompt")
+		}
+		room := s.cfg.MaxModelLen - len(pr.tokens)
+		if room < 1 || (maxTokens != nil && *maxTokens > room) {
+			asked := 0
+			if maxTokens != nil {
+				asked = *maxTokens
+			}
+			return nil, badRequest(fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+				s.cfg.MaxModelLen, len(pr.tokens)+asked, len(pr.tokens), asked), param)
+		}
+		sp := engine.SamplingParams{MaxTokens: room, MinTokens: p.MinTokens, Seed: p.Seed, IgnoreEOS: p.IgnoreEOS, StopTokenIDs: p.StopTokenIDs}
+		if maxTokens != nil {
+			sp.MaxTokens = *maxTokens
+		}
+		if sp.MinTokens > sp.MaxTokens {
+			return nil, badRequest(fmt.Sprintf("min_tokens (%d) must not exceed %s (%d)", sp.MinTokens, param, sp.MaxTokens), "min_tokens")
+		}
+		if p.Temperature != nil {
+			sp.Temperature = float32(*p.Temperature)
+		}
+		if p.TopP != nil {
+			sp.TopP = float32(*p.TopP)
+		}
+		g.sampling = append(g.sampling, sp)
+	}
+	return g, nil
+}
+
+// choice is the state of one requested completion.
+type choice struct {
+	subID  string
+	prompt int
+	text   []byte
+	// sent is how much of text the client has; only text that cannot
+	// still turn out to be the start of a stop string is sent.
+	sent   int
+	tokens int
+	finish string
+	done   bool
+	// started and finishSent track what a stream has told the client.
+	started, finishSent bool
+}
+
+// addText appends decoded text and matches stop strings in the part that
+// could newly contain one. It reports whether one matched.
+func (c *choice) addText(delta string, stops []string, includeStop bool) bool {
+	longest := 0
+	for _, s := range stops {
+		longest = max(longest, len(s))
+	}
+	from := max(0, len(c.text)-longest+1)
+	c.text = append(c.text, delta...)
+	at, n := -1, 0
+	for _, s := range stops {
+		if i := bytes.Index(c.text[from:], []byte(s)); i >= 0 && (at < 0 || from+i < at) {
+			at, n = from+i, len(s)
+		}
+	}
+	if at < 0 {
+		return false
+	}
+	if includeStop {
+		at += n
+	}
+	c.text = c.text[:at]
+	return true
+}
+
+// pending returns text the client can have now: all of it once the choice
+// is done, else all but a tail that might begin a stop string, cut at a
+// rune boundary.
+func (c *choice) pending(stops []string) string {
+	end := len(c.text)
+	if !c.done {
+		for _, s := range stops {
+			end = min(end, len(c.text)-len(s)+1)
+		}
+		for end > c.sent && end < len(c.text) && !utf8.RuneStart(c.text[end]) {
+			end--
+		}
+	}
+	if end <= c.sent {
+		return ""
+	}
+	out := string(c.text[c.sent:end])
+	c.sent = end
+	return out
+}
+
+func finishName(f engine.FinishReason) string {
+	switch f {
+	case engine.FinishedLength:
+		return "length"
+	case engine.FinishedAbort:
+		return "abort"
+	default:
+		return "stop"
+	}
+}
+
+// eventError turns an error that ended a request into the error the client
+// gets.
+func eventError(err error) *apiError {
+	switch {
+	case errors.Is(err, actors.ErrNoRank), errors.Is(err, actors.ErrAPIServerGone):
+		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error"}
+	case errors.Is(err, actors.ErrRankNotServed):
+		return badRequest(err.Error(), "X-data-parallel-rank")
+	default:
+		return &apiError{Status: http.StatusInternalServerError, Message: err.Error(), Type: "server_error"}
+	}
+}
+
+// generate submits a call's requests and answers from their stream.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
+	stream := actors.NewStream()
+	choices := make([]*choice, len(g.prompts)*g.n)
+	arrival := time.Now()
+	for i := range choices {
+		pi := i / g.n
+		sp := g.sampling[pi]
+		if k := i % g.n; k > 0 {
+			// Parallel samples of one prompt differ as if seeded apart.
+			seed := int64(k)
+			if sp.Seed != nil {
+				seed += *sp.Seed
+			}
+			sp.Seed = &seed
+		}
+		choices[i] = &choice{subID: fmt.Sprintf("%s-%d", g.id, i), prompt: pi}
+		s.cfg.Backend.Submit(&actors.Submission{
+			ID: choices[i].subID, Prompt: g.prompts[pi].tokens, Sampling: sp,
+			Rank: g.rank, Stream: stream, Index: i, Arrival: arrival,
+		})
+	}
+	// Whatever ends this call, no request of it may keep an engine busy.
+	defer func() {
+		for _, c := range choices {
+			if !c.done {
+				s.cfg.Backend.Abort(c.subID)
+			}
+		}
+	}()
+
+	var out *sseWriter
+	if g.stream {
+		out = &sseWriter{w: w}
+	}
+	remaining := len(choices)
+	var evs []actors.Event
+	for remaining > 0 {
+		var err error
+		evs, err = stream.Next(r.Context(), evs)
+		if err != nil {
+			return // the client went away; the deferred aborts clean up
+		}
+		touched := evs[:0:0]
+		for _, ev := range evs {
+			c := choices[ev.Index]
+			if c.done {
+				continue
+			}
+			if ev.Err != nil || ev.Finish == engine.FinishedError {
+				e := eventError(ev.Err)
+				if out == nil || !out.started {
+					writeError(w, e)
+				} else {
+					out.data(errorBody{Error: e})
+					out.done()
+				}
+				return
+			}
+			c.tokens += len(ev.Tokens)
+			if len(ev.Tokens) > 0 && c.addText(s.cfg.Tokenizer.Decode(ev.Tokens), g.stops, g.includeStop) {
+				c.finish, c.done = "stop", true
+				s.cfg.Backend.Abort(c.subID)
+			} else if ev.Finish != engine.NotFinished {
+				c.finish, c.done = finishName(ev.Finish), true
+			}
+			if c.done {
+				remaining--
+			}
+			touched = append(touched, ev)
+		}
+		if out != nil {
+			s.streamChunks(out, g, choices, touched)
+		}
+	}
+	u := g.usage(choices)
+	if out != nil {
+		if g.includeUsage {
+			s.streamUsage(out, g, u)
+		}
+		out.done()
+		return
+	}
+	s.respond(w, g, choices, u)
+}
+
+func (g *genSpec) usage(choices []*choice) usage {
+	var u usage
+	for _, p := range g.prompts {
+		u.PromptTokens += len(p.tokens)
+	}
+	for _, c := range choices {
+		u.CompletionTokens += c.tokens
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
+}
+
+func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u usage) {
+	if g.chat {
+		resp := chatResponse{ID: g.id, Object: "chat.completion", Created: g.created, Model: g.model, Usage: u}
+		for i, c := range choices {
+			resp.Choices = append(resp.Choices, chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: string(c.text)}, FinishReason: c.finish})
+		}
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
+	resp := completionResponse{ID: g.id, Object: "text_completion", Created: g.created, Model: g.model, Usage: &u}
+	for i, c := range choices {
+		text := string(c.text)
+		if g.echo {
+			text = g.prompts[c.prompt].text + text
+		}
+		resp.Choices = append(resp.Choices, completionChoice{Index: i, Text: text, FinishReason: strp(c.finish)})
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// streamChunks writes one chunk per choice that has news in evs.
+func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs []actors.Event) {
+	if !out.started {
+		out.start()
+	}
+	for _, ev := range evs {
+		c := choices[ev.Index]
+		if c.finishSent {
+			continue
+		}
+		text := c.pending(g.stops)
+		if text == "" && !c.done && c.started {
+			continue
+		}
+		var finish *string
+		if c.done {
+			finish = strp(c.finish)
+		}
+		if g.chat {
+			ch := chatChunkChoice{Index: ev.Index, Delta: chatDelta{Content: &text}, FinishReason: finish}
+			if !c.started {
+				ch.Delta.Role = "assistant"
+			}
+			out.data(chatChunk{ID: g.id, Object: "chat.completion.chunk", Created: g.created, Model: g.model, Choices: []chatChunkChoice{ch}})
+		} else {
+			if !c.started && g.echo {
+				text = g.prompts[c.prompt].text + text
+			}
+			out.data(completionResponse{ID: g.id, Object: "text_completion", Created: g.created, Model: g.model,
+				Choices: []completionChoice{{Index: ev.Index, Text: text, FinishReason: finish}}})
+		}
+		c.started, c.finishSent = true, c.done
+	}
+	out.flush()
+}
+
+func (s *Server) streamUsage(out *sseWriter, g *genSpec, u usage) {
+	if g.chat {
+		out.data(chatChunk{ID: g.id, Object: "chat.completion.chunk", Created: g.created, Model: g.model, Choices: []chatChunkChoice{}, Usage: &u})
+		return
+	}
+	out.data(completionResponse{ID: g.id, Object: "text_completion", Created: g.created, Model: g.model, Choices: []completionChoice{}, Usage: &u})
+}
+
+// sseWriter writes server-sent events. Headers go out with the first
+// event, so that an error that comes first can still be a plain HTTP
+// error with its status.
+type sseWriter struct {
+	w       http.ResponseWriter
+	buf     bytes.Buffer
+	started bool
+}
+
+func (o *sseWriter) start() {
+	h := o.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	o.w.WriteHeader(http.StatusOK)
+	o.started = true
+}
+
+func (o *sseWriter) data(v any) {
+	if !o.started {
+		o.start()
+	}
+	o.buf.WriteString("data: ")
+	enc := json.NewEncoder(&o.buf)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	o.buf.WriteString("\n")
+}
+
+func (o *sseWriter) flush() {
+	_, _ = o.w.Write(o.buf.Bytes())
+	o.buf.Reset()
+	if f, ok := o.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (o *sseWriter) done() {
+	if !o.started {
+		o.start()
+	}
+	o.buf.WriteString("data: [DONE]\n\n")
+	o.flush()
+}

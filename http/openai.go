@@ -1,0 +1,230 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+)
+
+// promptField is a completion prompt: a string, a list of strings, a list
+// of token ids, or a list of token-id lists.
+type promptField struct {
+	texts  []string
+	tokens [][]uint32
+	set    bool
+}
+
+func (p *promptField) UnmarshalJSON(b []byte) error {
+	p.set = true
+	b = bytes.TrimSpace(b)
+	switch {
+	case bytes.Equal(b, []byte("null")):
+		p.set = false
+		return nil
+	case len(b) > 0 && b[0] == '"':
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		p.texts = []string{s}
+		return nil
+	}
+	var raw []json.RawMessage
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return errors.New("prompt must be a string, a list of strings, a list of token ids or a list of such lists")
+	}
+	if len(raw) == 0 {
+		return errors.New("prompt must not be an empty list")
+	}
+	switch first := bytes.TrimSpace(raw[0]); {
+	case len(first) > 0 && first[0] == '"':
+		return json.Unmarshal(b, &p.texts)
+	case len(first) > 0 && first[0] == '[':
+		return json.Unmarshal(b, &p.tokens)
+	default:
+		var ids []uint32
+		if err := json.Unmarshal(b, &ids); err != nil {
+			return errors.New("prompt token ids must be non-negative integers")
+		}
+		p.tokens = [][]uint32{ids}
+		return nil
+	}
+}
+
+// stopField is a stop string or a list of them.
+type stopField []string
+
+func (s *stopField) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if bytes.Equal(b, []byte("null")) {
+		*s = nil
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		var one string
+		if err := json.Unmarshal(b, &one); err != nil {
+			return err
+		}
+		*s = stopField{one}
+		return nil
+	}
+	var many []string
+	if err := json.Unmarshal(b, &many); err != nil {
+		return errors.New("stop must be a string or a list of strings")
+	}
+	*s = many
+	return nil
+}
+
+// contentField is a chat message's content: a string or a list of parts,
+// of which text parts are read.
+type contentField struct {
+	text string
+}
+
+func (c *contentField) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	switch {
+	case bytes.Equal(b, []byte("null")):
+		return nil
+	case len(b) > 0 && b[0] == '"':
+		return json.Unmarshal(b, &c.text)
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(b, &parts); err != nil {
+		return errors.New("message content must be a string or a list of content parts")
+	}
+	for _, p := range parts {
+		if p.Type != "text" {
+			return errors.New("only text content parts are supported; got a part of type " + p.Type)
+		}
+		c.text += p.Text
+	}
+	return nil
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// commonParams are the sampling fields both endpoints take. Fields that
+// the engine does not act on (penalties, logit_bias, user) are accepted
+// and ignored, as clients send them by default.
+type commonParams struct {
+	Model               string         `json:"model"`
+	MaxTokens           *int           `json:"max_tokens"`
+	MaxCompletionTokens *int           `json:"max_completion_tokens"`
+	MinTokens           int            `json:"min_tokens"`
+	Temperature         *float64       `json:"temperature"`
+	TopP                *float64       `json:"top_p"`
+	N                   *int           `json:"n"`
+	Stream              bool           `json:"stream"`
+	StreamOptions       *streamOptions `json:"stream_options"`
+	Stop                stopField      `json:"stop"`
+	StopTokenIDs        []uint32       `json:"stop_token_ids"`
+	IncludeStopStr      bool           `json:"include_stop_str_in_output"`
+	Seed                *int64         `json:"seed"`
+	IgnoreEOS           bool           `json:"ignore_eos"`
+}
+
+type chatMessage struct {
+	Role    string       `json:"role"`
+	Content contentField `json:"content"`
+	Name    string       `json:"name"`
+}
+
+type chatRequest struct {
+	commonParams
+	Messages    []chatMessage `json:"messages"`
+	Logprobs    bool          `json:"logprobs"`
+	TopLogprobs *int          `json:"top_logprobs"`
+}
+
+type completionRequest struct {
+	commonParams
+	Prompt   promptField `json:"prompt"`
+	Echo     bool        `json:"echo"`
+	Logprobs *int        `json:"logprobs"`
+	Suffix   *string     `json:"suffix"`
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+type chatMessageOut struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type chatChoice struct {
+	Index        int            `json:"index"`
+	Message      chatMessageOut `json:"message"`
+	Logprobs     *struct{}      `json:"logprobs"`
+	FinishReason string         `json:"finish_reason"`
+}
+
+type chatResponse struct {
+	ID      string       `json:"id"`
+	Object  string       `json:"object"`
+	Created int64        `json:"created"`
+	Model   string       `json:"model"`
+	Choices []chatChoice `json:"choices"`
+	Usage   usage        `json:"usage"`
+}
+
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chatChunkChoice struct {
+	Index        int       `json:"index"`
+	Delta        chatDelta `json:"delta"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+type chatChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"`
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []chatChunkChoice `json:"choices"`
+	Usage   *usage            `json:"usage,omitempty"`
+}
+
+type completionChoice struct {
+	Index        int       `json:"index"`
+	Text         string    `json:"text"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+type completionResponse struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []completionChoice `json:"choices"`
+	Usage   *usage             `json:"usage,omitempty"`
+}
+
+type modelCard struct {
+	ID          string `json:"id"`
+	Object      string `json:"object"`
+	Created     int64  `json:"created"`
+	OwnedBy     string `json:"owned_by"`
+	Root        string `json:"root"`
+	MaxModelLen int    `json:"max_model_len"`
+}
+
+type modelList struct {
+	Object string      `json:"object"`
+	Data   []modelCard `json:"data"`
+}

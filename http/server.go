@@ -1,0 +1,222 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/dpnode/dpnode/actors"
+	"github.com/dpnode/dpnode/dp"
+	"github.com/dpnode/dpnode/engine"
+)
+
+// Backend is the node the server hands requests to.
+//
+// Concurrency: safe for concurrent use; every handler calls it.
+type Backend interface {
+	Model() string
+	Topology() dp.Topology
+	Submit(*actors.Submission)
+	Abort(id string)
+	View(ctx context.Context) (*actors.APIServerView, error)
+}
+
+var _ Backend = (*actors.Node)(nil)
+
+// Config sets up a Server.
+type Config struct {
+	Backend   Backend
+	Tokenizer engine.Tokenizer
+	// MaxModelLen bounds prompt plus output, as the engines do; requests
+	// beyond it are refused before they reach an engine.
+	MaxModelLen int
+	// APIKey, when set, is required as a bearer token on /v1 routes.
+	APIKey string
+	// MaxBodyBytes bounds a request body. 16 MiB holds a prompt of the
+	// longest context lengths served today with room to spare.
+	MaxBodyBytes int64
+	// Gatherer is what /metrics exposes.
+	Gatherer prometheus.Gatherer
+	// Cluster describes the node and the deployment for /v1/cluster.
+	Cluster ClusterInfo
+	Version string
+	Logger  *slog.Logger
+}
+
+// DefaultMaxBodyBytes is Config.MaxBodyBytes's default.
+const DefaultMaxBodyBytes = 16 << 20
+
+// Server serves the OpenAI API of one node.
+type Server struct {
+	cfg     Config
+	created int64
+	router  chi.Router
+}
+
+// New checks cfg and builds the routes.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Backend == nil:
+		return nil, errors.New("httpapi: a backend is required")
+	case cfg.Tokenizer == nil:
+		return nil, errors.New("httpapi: a tokenizer is required")
+	case cfg.MaxModelLen < 2:
+		return nil, fmt.Errorf("httpapi: max model length %d is too small", cfg.MaxModelLen)
+	case cfg.Gatherer == nil:
+		return nil, errors.New("httpapi: a metrics gatherer is required")
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, created: time.Now().Unix()}
+	r := chi.NewRouter()
+	r.Use(s.recoverer)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{Status: http.StatusNotFound, Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path), Type: "not_found_error"})
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Message: fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path), Type: "invalid_request_error"})
+	})
+	r.Get("/health", s.health)
+	r.Get("/version", s.version)
+	r.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	r.Group(func(r chi.Router) {
+		r.Use(s.authenticate)
+		r.Get("/v1/models", s.models)
+		r.Get("/v1/cluster", s.cluster)
+		r.Post("/v1/completions", s.completions)
+		r.Post("/v1/chat/completions", s.chatCompletions)
+	})
+	s.router = r
+	return s, nil
+}
+
+// Handler returns the server's routes.
+func (s *Server) Handler() http.Handler { return s.router }
+
+// recoverer turns a handler panic into a 500 with an OpenAI error, logged,
+// instead of a dropped connection.
+func (s *Server) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.cfg.Logger.Error("handler panicked", "path", r.URL.Path, "panic", fmt.Sprint(v))
+				writeError(w, &apiError{Status: http.StatusInternalServerError, Message: "internal server error", Type: "server_error"})
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (s *Server) authenticate(next http.Handler) http.Handler {
+	if s.cfg.APIKey == "" {
+		return next
+	}
+	want := []byte("Bearer " + s.cfg.APIKey)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			writeError(w, &apiError{Status: http.StatusUnauthorized, Message: "invalid API key: send it as 'Authorization: Bearer <key>'",
+				Type: "authentication_error", Code: strp("invalid_api_key")})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// decode reads a JSON body of at most MaxBodyBytes into v.
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+	err := json.NewDecoder(r.Body).Decode(v)
+	var tooBig *http.MaxBytesError
+	var typeErr *json.UnmarshalTypeError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &tooBig):
+		return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+			Message: fmt.Sprintf("request body larger than the limit of %d bytes", tooBig.Limit)}
+	case errors.As(err, &typeErr):
+		return badRequest(fmt.Sprintf("invalid type for %q: expected %s", typeErr.Field, typeErr.Type), typeErr.Field)
+	default:
+		return badRequest("invalid JSON body: "+err.Error(), "")
+	}
+}
+
+func (s *Server) checkModel(model string) *apiError {
+	if model == "" || model == s.cfg.Backend.Model() {
+		return nil
+	}
+	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: strp("model"), Code: strp("model_not_found"),
+		Message: fmt.Sprintf("The model `%s` does not exist. This server serves `%s`.", model, s.cfg.Backend.Model())}
+}
+
+// pinnedRank reads X-data-parallel-rank.
+func (s *Server) pinnedRank(r *http.Request) (int, *apiError) {
+	h := r.Header.Get("X-data-parallel-rank")
+	if h == "" {
+		return actors.AnyRank, nil
+	}
+	topo := s.cfg.Backend.Topology()
+	rank, err := strconv.Atoi(strings.TrimSpace(h))
+	if err != nil || rank < 0 || rank >= topo.Size {
+		return 0, badRequest(fmt.Sprintf("X-data-parallel-rank must be a rank from 0 to %d, got %q", topo.Size-1, h), "X-data-parallel-rank")
+	}
+	if !topo.Hosts(rank) {
+		return 0, badRequest(fmt.Sprintf("rank %d is not served by this node, which serves ranks %d to %d", rank, topo.StartRank, topo.StartRank+topo.LocalSize-1), "X-data-parallel-rank")
+	}
+	return rank, nil
+}
+
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	m := s.cfg.Backend.Model()
+	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: []modelCard{{
+		ID: m, Object: "model", Created: s.created, OwnedBy: "dpnode", Root: m, MaxModelLen: s.cfg.MaxModelLen,
+	}}})
+}
+
+func (s *Server) version(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version})
+}
+
+// health is 200 while at least one local rank takes requests ("ok" when
+// all do, "degraded" otherwise) and 503 when none does.
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	v, err := s.cfg.Backend.View(ctx)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "error": err.Error()})
+		return
+	}
+	ready := 0
+	for _, rk := range v.Ranks {
+		if rk.Ready {
+			ready++
+		}
+	}
+	status, code := "ok", http.StatusOK
+	switch {
+	case ready == 0:
+		status, code = "unavailable", http.StatusServiceUnavailable
+	case ready < len(v.Ranks):
+		status = "degraded"
+	}
+	writeJSON(w, code, map[string]any{"status": status, "ranks_ready": ready, "ranks": len(v.Ranks)})
+}

@@ -41,7 +41,7 @@ type testServer struct {
 
 // startServer runs a whole node in process on a loopback port: two ranks
 // of the simulated 8B profile at timeScale.
-func startServer(t *testing.T, timeScale float64, mutate ...func(*cluster.Options)) *testServer {
+func startServer(t testing.TB, timeScale float64, mutate ...func(*cluster.Options)) *testServer {
 	t.Helper()
 	o := cluster.DefaultOptions()
 	o.Host, o.Port = "127.0.0.1", 0

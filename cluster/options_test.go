@@ -1,0 +1,87 @@
+package cluster
+
+import (
+	"log/slog"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	dpnode "github.com/dpnode/dpnode"
+	"github.com/dpnode/dpnode/dp"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestContradictoryFlagsAreRefusedWithOneClearError(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*Options)
+		want   string
+	}{
+		{"unknown engine", func(o *Options) { o.Engine = "vllm" }, `--engine "vllm" is not available`},
+		{"negative time scale", func(o *Options) { o.SimTimeScale = -1 }, "--sim-time-scale must be"},
+		{"unknown profile", func(o *Options) { o.SimProfile = "gpt-9" }, "available profiles: llama-3.1-8b-h100"},
+		{"local above size", func(o *Options) { o.DataParallelSize, o.DataParallelSizeLocal = 2, 4 }, "--data-parallel-size-local (4) cannot exceed --data-parallel-size (2)"},
+		{"start plus local above size", func(o *Options) {
+			o.DataParallelSize, o.DataParallelSizeLocal, o.DataParallelStartRank = 4, 2, 3
+		}, "would host ranks 3 to 4"},
+		{"start rank past size", func(o *Options) { o.DataParallelSize, o.DataParallelStartRank = 2, 2 }, "--data-parallel-size-local must be at least 1"},
+		{"budget below sequences", func(o *Options) { o.MaxNumSeqs, o.MaxNumBatchedTokens = 512, 256 }, "--max-num-batched-tokens (256) must be at least --max-num-seqs (512)"},
+		{"context beyond the KV cache", func(o *Options) { o.MaxModelLen = 1 << 30 }, "cannot hold one sequence"},
+		{"bad port", func(o *Options) { o.Port = 70000 }, "--port must be between"},
+		{"bad host", func(o *Options) { o.Host = "not a host" }, "--host must be"},
+		{"no gpus", func(o *Options) { o.GPUs = 0 }, "--gpus must be at least 1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := DefaultOptions()
+			o.Profiles = dpnode.SimProfiles
+			tc.mutate(&o)
+			_, err := o.check()
+			if err == nil || !IsFlagError(err) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v; want a flag error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestTopologyDefaults(t *testing.T) {
+	cases := []struct {
+		size, local, start, gpus int
+		want                     dp.Topology
+	}{
+		{0, 0, 0, 2, dp.Topology{Size: 2, LocalSize: 2}},
+		{0, 0, 0, 8, dp.Topology{Size: 8, LocalSize: 8}},
+		{4, 0, 0, 8, dp.Topology{Size: 4, LocalSize: 4}},
+		{4, 2, 2, 2, dp.Topology{Size: 4, LocalSize: 2, StartRank: 2}},
+		{0, 1, 0, 2, dp.Topology{Size: 1, LocalSize: 1}},
+	}
+	for _, tc := range cases {
+		o := DefaultOptions()
+		o.Profiles = dpnode.SimProfiles
+		o.DataParallelSize, o.DataParallelSizeLocal, o.DataParallelStartRank = tc.size, tc.local, tc.start
+		p, err := o.check()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := p.topology(tc.gpus)
+		if err != nil || got != tc.want {
+			t.Errorf("%+v with %d GPUs: %+v, %v; want %+v", tc, tc.gpus, got, err, tc.want)
+		}
+	}
+}
+
+func TestTooFewGPUsIsAClearError(t *testing.T) {
+	o := DefaultOptions()
+	o.Profiles = dpnode.SimProfiles
+	o.Host, o.Port = "127.0.0.1", 0
+	o.Logger = slog.New(slog.DiscardHandler)
+	o.DataParallelSize = 4
+	_, err := Start(o)
+	if err == nil || !strings.Contains(err.Error(), "4 local ranks need 4 GPUs but only 2 were found") || !strings.Contains(err.Error(), "--gpus") {
+		t.Fatalf("error %v; want one naming the GPU shortfall and --gpus", err)
+	}
+}

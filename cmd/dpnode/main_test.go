@@ -1,0 +1,144 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/engine/sim"
+)
+
+// buildDpnode compiles the command once per test binary.
+func buildDpnode(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "dpnode")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func TestContradictoryFlagsFailBeforeAnythingStarts(t *testing.T) {
+	bin := buildDpnode(t)
+	cases := [][]string{
+		{"--data-parallel-size", "2", "--data-parallel-size-local", "3"},
+		{"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "3"},
+		{"--engine", "nope"},
+		{"--max-num-seqs", "300", "--max-num-batched-tokens", "200"},
+	}
+	for _, args := range cases {
+		cmd := exec.Command(bin, append([]string{"join", "--host", "127.0.0.1", "--port", "0"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+			t.Fatalf("%v: exit %v, want 1\n%s", args, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], "dpnode: invalid flags: ") {
+			t.Fatalf("%v: output %q; want one line with the flag error, before anything starts", args, out)
+		}
+	}
+}
+
+// TestSIGTERMDrainsThenExitsZero starts a real process, opens a stream,
+// sends SIGTERM mid-stream, and expects the stream to finish whole and
+// the process to exit 0.
+func TestSIGTERMDrainsThenExitsZero(t *testing.T) {
+	bin := buildDpnode(t)
+	cmd := exec.Command(bin, "join", "--host", "127.0.0.1", "--port", "0", "--sim-time-scale", "1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	logs := bufio.NewReader(stderr)
+	urlRE := regexp.MustCompile(`url=(http://\S+)`)
+	var base string
+	for base == "" {
+		line, err := logs.ReadString('\n')
+		if err != nil {
+			t.Fatalf("no serving line in the log: %v", err)
+		}
+		if m := urlRE.FindStringSubmatch(line); m != nil {
+			base = m[1]
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, logs) }()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions",
+		strings.NewReader(`{"prompt":"drain me","max_tokens":60,"ignore_eos":true,"stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body := bufio.NewReader(resp.Body)
+	first, err := body.ReadString('\n')
+	if err != nil || !strings.HasPrefix(first, "data: ") {
+		t.Fatalf("first line %q, %v", first, err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	rest, err := io.ReadAll(body)
+	if err != nil {
+		t.Fatalf("the stream broke during the drain: %v", err)
+	}
+	if !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("the stream ended %q, want data: [DONE]", rest[max(0, len(rest)-40):])
+	}
+	// Token-exact: the whole text an undisturbed request produces.
+	var text strings.Builder
+	finish := ""
+	for _, line := range strings.Split(first+string(rest), "\n") {
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices []struct {
+				Text         string  `json:"text"`
+				FinishReason *string `json:"finish_reason"`
+			} `json:"choices"`
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			t.Fatalf("chunk %q: %v", data, err)
+		}
+		for _, c := range chunk.Choices {
+			text.WriteString(c.Text)
+			if c.FinishReason != nil {
+				finish = *c.FinishReason
+			}
+		}
+	}
+	tok := sim.NewTokenizer(0)
+	h := engine.PromptHash(tok.Encode("drain me"), nil)
+	sp := &engine.SamplingParams{IgnoreEOS: true}
+	var want []uint32
+	for i := range 60 {
+		want = append(want, tok.Sample(h, i, sp))
+	}
+	if text.String() != tok.Decode(want) || finish != "length" {
+		t.Fatalf("drained stream %q (%s); want the undisturbed %q (length)", text.String(), finish, tok.Decode(want))
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("dpnode exited with %v after draining, want 0", err)
+	}
+}

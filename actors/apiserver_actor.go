@@ -413,17 +413,15 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 
 func (a *APIServerActor) applyStats(r *rankState, st *dpnodev1.EngineStats) {
 	m := r.metrics
-	if prev := r.stats; prev != nil && prev.EngineEpoch == st.EngineEpoch {
-		m.steps.Add(float64(st.Step - prev.Step))
-		m.prefixQueries.Add(float64(st.PrefixCacheQueries - prev.PrefixCacheQueries))
-		m.prefixHits.Add(float64(st.PrefixCacheHits - prev.PrefixCacheHits))
-		m.preemptions.Add(float64(st.NumPreemptions - prev.NumPreemptions))
-	} else {
-		m.steps.Add(float64(st.Step))
-		m.prefixQueries.Add(float64(st.PrefixCacheQueries))
-		m.prefixHits.Add(float64(st.PrefixCacheHits))
-		m.preemptions.Add(float64(st.NumPreemptions))
+	// Counters restart with each engine incarnation.
+	prev := r.stats
+	if prev == nil || prev.EngineEpoch != st.EngineEpoch {
+		prev = &dpnodev1.EngineStats{}
 	}
+	m.steps.Add(float64(st.Step - prev.Step))
+	m.prefixQueries.Add(float64(st.PrefixCacheQueries - prev.PrefixCacheQueries))
+	m.prefixHits.Add(float64(st.PrefixCacheHits - prev.PrefixCacheHits))
+	m.preemptions.Add(float64(st.NumPreemptions - prev.NumPreemptions))
 	r.stats = st
 	m.running.Set(float64(st.NumRunning))
 	m.waiting.Set(float64(st.NumWaiting))
@@ -518,9 +516,15 @@ type APIServerView struct {
 }
 
 func (a *APIServerActor) view() *APIServerView {
-	v := &APIServerView{Parked: len(a.parked), InFlight: len(a.calls), Snapshot: a.snapshot, Timestamp: a.cfg.Clock.Now()}
+	now := a.cfg.Clock.Now()
+	v := &APIServerView{Parked: len(a.parked), InFlight: len(a.calls), Snapshot: a.snapshot, Timestamp: now}
 	for _, r := range a.ranks {
-		rv := RankView{Rank: r.cfg.Rank, Ready: r.ready, InFlight: r.inflight, Restarts: len(r.crashes), Device: r.cfg.Device}
+		rv := RankView{Rank: r.cfg.Rank, Ready: r.ready, InFlight: r.inflight, Device: r.cfg.Device}
+		for _, t := range r.crashes {
+			if now.Sub(t) <= a.cfg.Restart.Window {
+				rv.Restarts++
+			}
+		}
 		if r.stats != nil {
 			rv.Waiting, rv.Running, rv.KVUsage, rv.Steps = int(r.stats.NumWaiting), int(r.stats.NumRunning), float64(r.stats.KvCacheUsage), r.stats.Step
 		}

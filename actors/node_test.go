@@ -49,7 +49,7 @@ type testNode struct {
 
 // startTestNode runs ranks engines of the 8B profile at timeScale; the
 // executor of rank crashRank panics on its crashAt-th step (0: never).
-func startTestNode(t *testing.T, ranks int, timeScale float64, crashRank int, crashAt int64) *testNode {
+func startTestNode(t *testing.T, ranks int, timeScale float64, crashRank int, crashAt int64, mutate ...func(*NodeConfig)) *testNode {
 	t.Helper()
 	profile, err := sim.LoadProfile(dpnode.SimProfiles, "llama-3.1-8b-h100")
 	if err != nil {
@@ -80,6 +80,9 @@ func startTestNode(t *testing.T, ranks int, timeScale float64, crashRank int, cr
 			crash = crashAt
 		}
 		return &crashingExecutor{inner: e, steps: tn.steps[rank], crashAt: crash}, nil
+	}
+	for _, f := range mutate {
+		f(&cfg)
 	}
 	n, err := StartNode(cfg)
 	if err != nil {

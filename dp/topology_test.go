@@ -44,3 +44,59 @@ func TestTopologyRanks(t *testing.T) {
 		}
 	}
 }
+
+func TestResolveModesAndFlagRules(t *testing.T) {
+	flags := func(mutate func(*Flags)) Flags {
+		f := UnsetFlags()
+		mutate(&f)
+		return f
+	}
+	ok := []struct {
+		name string
+		f    Flags
+		gpus int
+		want Topology
+	}{
+		{"defaults: one rank per GPU", UnsetFlags(), 2, Topology{Size: 2, LocalSize: 2}},
+		{"hybrid, second node", flags(func(f *Flags) { f.Size, f.LocalSize, f.StartRank = 4, 2, 2 }), 2, Topology{Size: 4, LocalSize: 2, StartRank: 2}},
+		{"hybrid spelt out, local = size", flags(func(f *Flags) { f.Size, f.LocalSize, f.HybridLB = 2, 2, true }), 2, Topology{Size: 2, LocalSize: 2}},
+		{"internal head with no ranks", flags(func(f *Flags) { f.LB, f.Size, f.LocalSize = "internal", 4, 0 }), 2, Topology{Mode: Internal, Size: 4}},
+		{"headless", flags(func(f *Flags) { f.Headless, f.Size, f.LocalSize, f.StartRank = true, 4, 2, 2 }), 2, Topology{Mode: Internal, Headless: true, Size: 4, LocalSize: 2, StartRank: 2}},
+		{"external by rank", flags(func(f *Flags) { f.Size, f.Rank = 2, 1 }), 2, Topology{Mode: External, Size: 2, LocalSize: 1, StartRank: 1}},
+		{"external spelt out", flags(func(f *Flags) { f.LB, f.Size, f.Rank, f.LocalSize = "external", 2, 0, 1 }), 2, Topology{Mode: External, Size: 2, LocalSize: 1}},
+	}
+	for _, tc := range ok {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Resolve(tc.f, tc.gpus)
+			if err != nil || got != tc.want {
+				t.Fatalf("Resolve = %+v, %v; want %+v", got, err, tc.want)
+			}
+		})
+	}
+	bad := []struct {
+		name string
+		f    Flags
+		want string
+	}{
+		{"headless with a port", flags(func(f *Flags) { f.Headless, f.PortSet, f.Size = true, true, 4 }), "--port cannot be set"},
+		{"headless hybrid", flags(func(f *Flags) { f.Headless, f.HybridLB = true, true }), "not applicable with --headless"},
+		{"headless external", flags(func(f *Flags) { f.Headless, f.Rank = true, 1 }), "--headless contradicts external"},
+		{"hybrid and external", flags(func(f *Flags) { f.HybridLB, f.Rank = true, 0 }), "cannot both be set"},
+		{"external with local size 2", flags(func(f *Flags) { f.Size, f.Rank, f.LocalSize = 4, 1, 2 }), "--data-parallel-size-local must be 1 or unset"},
+		{"external without a rank", flags(func(f *Flags) { f.LB, f.Size = "external", 2 }), "set --data-parallel-rank"},
+		{"rank past the size", flags(func(f *Flags) { f.Size, f.Rank = 2, 2 }), "must be below --data-parallel-size"},
+		{"start plus local above size", flags(func(f *Flags) { f.Size, f.LocalSize, f.StartRank = 4, 2, 3 }), "would host ranks 3 to 4"},
+		{"local above size", flags(func(f *Flags) { f.Size, f.LocalSize = 2, 3 }), "cannot exceed"},
+		{"rankless hybrid", flags(func(f *Flags) { f.Size, f.LocalSize = 2, 0 }), "only an API server in internal mode"},
+		{"unknown mode", flags(func(f *Flags) { f.LB = "random" }), "must be one of hybrid, internal, external"},
+		{"lb contradicts rank", flags(func(f *Flags) { f.LB, f.Rank = "internal", 1 }), "contradicts --data-parallel-lb internal"},
+	}
+	for _, tc := range bad {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Resolve(tc.f, 2)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v; want one containing %q", err, tc.want)
+			}
+		})
+	}
+}

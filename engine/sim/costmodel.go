@@ -44,7 +44,7 @@ type BatchShape struct {
 //	a + b·P + c·N + d·ΣK/1000 + prefix·PrefillContextProduct/1000   (ms)
 //
 // with the coefficients of p.Cost (each cited in the profile's sources;
-// the form and the fit are dpnode's SIM_CALIBRATION.md). A MoE profile adds
+// the form and the fit are in docs/CALIBRATION.md). A MoE profile adds
 // x·E(N+P), where E(T) is the expected number of distinct experts T tokens
 // are routed to (see expectedExperts): a decode step is bound by streaming
 // weights, and a MoE step streams only the experts it touches.
@@ -73,7 +73,7 @@ func (p *Profile) StepTime(b BatchShape) time.Duration {
 //	(BaseMs + DecodeTokenMs·N + PrefillTokenMs·P) × CrossNodeFactor if CrossNode
 //
 // with N and P this rank's tokens (an empty step counting as the one-token
-// dummy batch). The figures are SIM_CALIBRATION.md's estimates for 48 MoE
+// dummy batch). The figures are docs/CALIBRATION.md's estimates for 48 MoE
 // layers of dispatch and combine, scaled from the pplx-kernels and DeepEP
 // measurements in the profile's sources. Using this rank's own tokens
 // makes the busiest rank's collective the longest, and since the group
@@ -140,7 +140,7 @@ func (p *Profile) stepMs(b BatchShape) float64 {
 // since each expert escapes one token with probability
 // (NumExperts−ExpertsPerToken)/NumExperts. For Qwen3-30B-A3B (128 experts,
 // 8 active) E(T) is 8 at T=1, 52 at 8, 112 at 32 and ~126 from 64: a decode
-// batch of 64 already streams almost every expert (SIM_CALIBRATION.md).
+// batch of 64 already streams almost every expert (docs/CALIBRATION.md).
 func (p *Profile) expectedExperts(tokens, ranks int) float64 {
 	experts := float64(p.MoE.NumExperts)
 	miss := (experts - float64(p.MoE.ExpertsPerToken)) / experts

@@ -15,7 +15,7 @@ import (
 var repoRoot = os.DirFS("../..")
 
 // chatContext is the "~1k context" of the calibration figures: ΣK/1000
-// becomes the batch size, which is how SIM_CALIBRATION.md computes its checks.
+// becomes the batch size, which is how docs/CALIBRATION.md computes its checks.
 const chatContext = 1000
 
 func loadProfile(t testing.TB, name string) *Profile {
@@ -29,7 +29,7 @@ func loadProfile(t testing.TB, name string) *Profile {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// TestDocumentedPredictions reproduces the predictions SIM_CALIBRATION.md
+// TestDocumentedPredictions reproduces the predictions docs/CALIBRATION.md
 // prints for its own coefficients. The document gives them to 0.1 ms, so
 // the model must match within half of that last digit (0.05 ms); anything
 // further off means a coefficient or the formula drifted from the document.
@@ -59,7 +59,7 @@ func TestDocumentedPredictions(t *testing.T) {
 }
 
 // TestCalibration replays every profile's measured median inter-token
-// latencies through the cost model. SIM_CALIBRATION.md claims ~15%; an
+// latencies through the cost model. docs/CALIBRATION.md claims ~15%; an
 // anchor that cannot meet that with the document's coefficients goes in
 // exceptions with its actual error and why, never by moving a coefficient.
 // There are none today: the worst anchor, llama-3.1-8b-h100 at batch 256,
@@ -117,7 +117,7 @@ func TestCalibrationOtherHardware(t *testing.T) {
 func TestCalibrationPrefill(t *testing.T) {
 	const band = 0.15
 	// The only prefill figure is SGLang's on 8k prompts, not vLLM's;
-	// SIM_CALIBRATION.md claims no band for prefill, so this holds the
+	// docs/CALIBRATION.md claims no band for prefill, so this holds the
 	// model to the same band as decode.
 	exceptions := map[string]float64{}
 	for _, name := range ProfileNames(repoRoot) {
@@ -148,7 +148,7 @@ func TestCalibrationPrefill(t *testing.T) {
 	}
 }
 
-// TestFP8AgainstBF16 checks SIM_CALIBRATION.md's statement that FP8 is
+// TestFP8AgainstBF16 checks docs/CALIBRATION.md's statement that FP8 is
 // "about 0.6–0.8×" of BF16. At one sequence the fixed 2 ms step cost, which
 // FP8 does not shrink, dominates and the ratio is 0.84: listed, not hidden.
 func TestFP8AgainstBF16(t *testing.T) {
@@ -171,7 +171,7 @@ func TestFP8AgainstBF16(t *testing.T) {
 	}
 }
 
-// TestExpectedExperts checks E(T) against the figures SIM_CALIBRATION.md
+// TestExpectedExperts checks E(T) against the figures docs/CALIBRATION.md
 // quotes and its limits: one token touches exactly experts_per_token, and
 // no number of tokens touches more than the rank's share.
 func TestExpectedExperts(t *testing.T) {

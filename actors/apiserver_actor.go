@@ -19,7 +19,7 @@ import (
 var (
 	ErrNoRank          = errors.New("actors: no rank became available in time")
 	ErrRankNotServed   = errors.New("actors: the requested rank is not served by this node")
-	ErrAPIServerGone   = errors.New("actors: the API server restarted; the request was lost with it")
+	ErrAPIServerGone   = errors.New("actors: the API server stopped; the request was lost with it")
 	ErrTooManyRestarts = errors.New("actors: the request's engines crashed too often")
 )
 
@@ -67,7 +67,6 @@ type APIServerConfig struct {
 	// engine if it is what crashes them.
 	MaxMigrations int
 	Metrics       *Metrics
-	Clock         engine.Clock
 	Logger        *slog.Logger
 }
 
@@ -141,7 +140,7 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		a.calls[msg.ID] = c
 		a.dispatch(ctx, c)
 	case *Abort:
-		a.abort(ctx, msg.ID)
+		a.abort(ctx, msg)
 	case *dpnodev1.StepOutputs:
 		a.stepOutputs(msg)
 	case *dpnodev1.EngineStats:
@@ -273,7 +272,7 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 		return
 	}
 	r := a.ranks[i]
-	c.rank = i
+	c.rank, c.parkedAt = i, time.Time{}
 	r.inflight++
 	r.metrics.inflight.Set(float64(r.inflight))
 	ctx.Request(r.pid, &dpnodev1.AddRequest{
@@ -287,7 +286,11 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 }
 
 func (a *APIServerActor) park(c *call) {
-	c.parkedAt = a.cfg.Clock.Now()
+	// A call re-parked after an unsuccessful wake-up keeps its first park
+	// time: its deadline must not move each time some rank restarts.
+	if c.parkedAt.IsZero() {
+		c.parkedAt = time.Now()
+	}
 	a.parked = append(a.parked, c)
 	a.cfg.Metrics.parked.Set(float64(len(a.parked)))
 	if a.parkTimer == nil {
@@ -315,7 +318,7 @@ func (a *APIServerActor) unpark(ctx actor.Context) {
 
 func (a *APIServerActor) expireParked() {
 	a.parkTimer = nil
-	now := a.cfg.Clock.Now()
+	now := time.Now()
 	a.parked = slices.DeleteFunc(a.parked, func(c *call) bool {
 		if now.Sub(c.parkedAt) < a.cfg.ParkTimeout {
 			return false
@@ -329,21 +332,37 @@ func (a *APIServerActor) expireParked() {
 	}
 }
 
-func (a *APIServerActor) abort(ctx actor.Context, id string) {
-	c := a.calls[id]
+func (a *APIServerActor) abort(ctx actor.Context, msg *Abort) {
+	c := a.calls[msg.ID]
 	if c == nil {
 		return
 	}
-	delete(a.calls, id)
+	delete(a.calls, msg.ID)
 	if c.rank < 0 {
 		a.parked = slices.DeleteFunc(a.parked, func(p *call) bool { return p == c })
 		a.cfg.Metrics.parked.Set(float64(len(a.parked)))
 		return
 	}
 	r := a.ranks[c.rank]
-	ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: []string{id}})
+	ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: []string{msg.ID}})
 	a.release(c)
+	if msg.Reason == engine.FinishedStop {
+		// A stop string matched: the request succeeded.
+		a.finished(r, c, engine.FinishedStop, time.Now())
+		return
+	}
 	r.metrics.abort.Inc()
+}
+
+// finished records a successful finish.
+func (a *APIServerActor) finished(r *rankState, c *call, reason engine.FinishReason, now time.Time) {
+	if reason == engine.FinishedLength {
+		r.metrics.length.Inc()
+	} else {
+		r.metrics.stop.Inc()
+	}
+	r.metrics.promptTokens.Add(float64(len(c.sub.Prompt)))
+	r.metrics.e2e.Observe(now.Sub(c.sub.Arrival).Seconds())
 }
 
 // release takes a finished call off its rank's count.
@@ -373,7 +392,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 	if msg.Stats != nil {
 		a.applyStats(r, msg.Stats)
 	}
-	now := a.cfg.Clock.Now()
+	now := time.Now()
 	for _, o := range msg.Outputs {
 		c := a.calls[o.RequestId]
 		if c == nil || c.rank < 0 || a.ranks[c.rank] != r {
@@ -390,7 +409,12 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			c.output = append(c.output, o.NewTokenIds...)
 			r.metrics.generation.Add(float64(n))
 		}
-		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, NumCachedTokens: int(o.NumCachedTokens), Rank: r.cfg.Rank}
+		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, Rank: r.cfg.Rank}
+		if c.moves == 0 {
+			// After a move the new engine's cache hit covers the tokens
+			// generated before; the client's prompt hit was the first.
+			ev.NumCachedTokens = int(o.NumCachedTokens)
+		}
 		switch o.FinishReason {
 		case engine.NotFinished:
 			c.sub.Stream.push(ev)
@@ -398,13 +422,8 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 		case engine.FinishedError:
 			a.fail(c, fmt.Errorf("engine rank %d: %s", r.cfg.Rank, o.Error), "engine_refused")
 			continue
-		case engine.FinishedStop:
-			r.metrics.stop.Inc()
-		case engine.FinishedLength:
-			r.metrics.length.Inc()
 		}
-		r.metrics.promptTokens.Add(float64(len(c.sub.Prompt)))
-		r.metrics.e2e.Observe(now.Sub(c.sub.Arrival).Seconds())
+		a.finished(r, c, o.FinishReason, now)
 		delete(a.calls, c.sub.ID)
 		a.release(c)
 		c.sub.Stream.push(ev)
@@ -459,7 +478,7 @@ func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 	r.metrics.waiting.Set(0)
 	r.metrics.kvUsage.Set(0)
 
-	now := a.cfg.Clock.Now()
+	now := time.Now()
 	r.crashes = slices.DeleteFunc(append(r.crashes, now), func(t time.Time) bool { return now.Sub(t) > a.cfg.Restart.Window })
 	delay := a.cfg.Restart.delay(len(r.crashes))
 
@@ -516,7 +535,7 @@ type APIServerView struct {
 }
 
 func (a *APIServerActor) view() *APIServerView {
-	now := a.cfg.Clock.Now()
+	now := time.Now()
 	v := &APIServerView{Parked: len(a.parked), InFlight: len(a.calls), Snapshot: a.snapshot, Timestamp: now}
 	for _, r := range a.ranks {
 		rv := RankView{Rank: r.cfg.Rank, Ready: r.ready, InFlight: r.inflight, Device: r.cfg.Device}

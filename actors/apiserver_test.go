@@ -10,6 +10,7 @@ import (
 
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/gpu"
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
 func TestRestartBackoffDoublesToItsCap(t *testing.T) {
@@ -67,5 +68,72 @@ func TestRequestsPinnedToADeadRankFailClearly(t *testing.T) {
 		if r.err != nil {
 			t.Fatalf("rank 1 stopped serving while rank 0 was down: %v", r.err)
 		}
+	}
+}
+
+// TestParkedDeadlineSurvivesOtherRanksRestarting: every restart of some
+// other rank wakes the parked requests, and a pinned request that still
+// cannot go anywhere must keep its first deadline, not get a new one.
+func TestParkedDeadlineSurvivesOtherRanksRestarting(t *testing.T) {
+	tn := startTestNode(t, 2, 0.01, 0, 1, func(cfg *NodeConfig) {
+		cfg.ParkTimeout = 300 * time.Millisecond
+		inner := cfg.NewExecutor
+		var built atomic.Int32
+		cfg.NewExecutor = func(rank int, dev gpu.Device) (engine.Executor, error) {
+			if rank == 0 && built.Add(1) > 1 {
+				return nil, errors.New("injected: the GPU is gone")
+			}
+			return inner(rank, dev)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := NewStream()
+	tn.Submit(&Submission{ID: "pinned", Prompt: tn.tok.Encode("x"), Sampling: engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}, Rank: 0, Stream: s, Arrival: time.Now()})
+	// Rank 1 "restarts" every 50 ms, as a crash-looping rank would.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				tn.System().Root.Send(tn.APIServer(), &dpnodev1.EngineReady{Rank: 1, EngineEpoch: 1})
+			}
+		}
+	}()
+	start := time.Now()
+	r := collect(ctx, s)
+	close(stop)
+	<-done
+	if !errors.Is(r.err, ErrNoRank) {
+		t.Fatalf("pinned request: %v, want ErrNoRank", r.err)
+	}
+	if waited := time.Since(start); waited > 5*time.Second {
+		t.Fatalf("the deadline moved: failed after %v", waited)
+	}
+}
+
+// TestNodeFailsWhenItsAPIServerIsGoneForGood stops the API server as its
+// supervisor would after too many crashes: the node reports it failed,
+// and a request gets an error at once instead of waiting forever.
+func TestNodeFailsWhenItsAPIServerIsGoneForGood(t *testing.T) {
+	tn := startTestNode(t, 1, 0, -1, 0)
+	tn.System().Root.Stop(tn.APIServer())
+	select {
+	case <-tn.Failed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the node did not notice that its API server stopped")
+	}
+	s := NewStream()
+	tn.Submit(&Submission{ID: "late", Prompt: tn.tok.Encode("x"), Sampling: engine.SamplingParams{MaxTokens: 1}, Rank: AnyRank, Stream: s, Arrival: time.Now()})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if r := collect(ctx, s); !errors.Is(r.err, ErrAPIServerGone) {
+		t.Fatalf("request after the failure: %v, want ErrAPIServerGone", r.err)
 	}
 }

@@ -8,7 +8,6 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/dpnode/dpnode/dp"
-	"github.com/dpnode/dpnode/engine"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
@@ -18,7 +17,6 @@ type CoordinatorConfig struct {
 	// carries it, and receivers ignore older ones.
 	Epoch   uint64
 	Publish dp.PublishConfig
-	Clock   engine.Clock
 	Metrics *Metrics
 	Logger  *slog.Logger
 }
@@ -82,7 +80,7 @@ func (c *CoordinatorActor) Receive(ctx actor.Context) {
 			NumWaiting:       st.NumWaiting,
 			NumRunning:       st.NumRunning,
 			KvCacheUsage:     st.KvCacheUsage,
-			ReportedUnixNano: c.cfg.Clock.Now().UnixNano(),
+			ReportedUnixNano: time.Now().UnixNano(),
 		}
 		c.pub.Changed()
 		c.tick(ctx)
@@ -96,7 +94,7 @@ func (c *CoordinatorActor) Receive(ctx actor.Context) {
 
 // tick publishes if a snapshot is due and arms the timer for the next.
 func (c *CoordinatorActor) tick(ctx actor.Context) {
-	now := c.cfg.Clock.Now()
+	now := time.Now()
 	publish, heartbeat, next := c.pub.Due(now)
 	if publish {
 		c.seq++
@@ -120,7 +118,7 @@ func (c *CoordinatorActor) snapshot(s subscriber, heartbeat bool) *dpnodev1.Load
 	snap := &dpnodev1.LoadSnapshot{
 		CoordinatorEpoch:  c.cfg.Epoch,
 		Seq:               c.seq,
-		PublishedUnixNano: c.cfg.Clock.Now().UnixNano(),
+		PublishedUnixNano: time.Now().UnixNano(),
 		Heartbeat:         heartbeat,
 	}
 	for rank, l := range c.loads {

@@ -11,4 +11,8 @@
 // No actor blocks on a network write or a step: steps run off the engine's
 // mailbox and report back as messages; streams are unbounded queues that
 // HTTP handlers drain.
+//
+// Actors are the I/O shell and read the wall clock; the decisions that
+// depend on time (when to publish, which rank) are dp's pure code, which
+// takes times as arguments.
 package actors

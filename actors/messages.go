@@ -25,10 +25,12 @@ type Submission struct {
 	Arrival time.Time
 }
 
-// Abort cancels a request: its client went away or a stop string matched.
-// Its stream gets no further events.
+// Abort cancels a request: its client went away (Reason FinishedAbort) or
+// a stop string matched (FinishedStop, which counts as a success). Its
+// stream gets no further events.
 type Abort struct {
-	ID string
+	ID     string
+	Reason engine.FinishReason
 }
 
 // awaitReady asks the API server to answer with ready once all of its

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -34,7 +35,6 @@ type NodeConfig struct {
 	Publish       dp.PublishConfig
 	// StartTimeout bounds how long StartNode waits for the engines.
 	StartTimeout time.Duration
-	Clock        engine.Clock
 	// Registry receives the node's metrics.
 	Registry prometheus.Registerer
 	Logger   *slog.Logger
@@ -52,7 +52,6 @@ func DefaultNodeConfig() NodeConfig {
 		MaxMigrations: 3,
 		Publish:       dp.DefaultPublishConfig(),
 		StartTimeout:  time.Minute,
-		Clock:         engine.RealClock{},
 		Logger:        slog.Default(),
 	}
 }
@@ -74,9 +73,6 @@ func (c *NodeConfig) validate() error {
 	if c.Policy == nil {
 		c.Policy = &dp.LiveLoad{}
 	}
-	if c.Clock == nil {
-		c.Clock = engine.RealClock{}
-	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -91,6 +87,11 @@ type Node struct {
 	root        *actor.PID
 	apiServer   *actor.PID
 	coordinator *actor.PID
+	// failed is closed when the node can no longer serve: an actor it
+	// cannot do without was stopped for good by its supervisor.
+	failed   chan struct{}
+	failOnce sync.Once
+	failErr  error
 }
 
 // StartNode starts a node's actors and returns once they run.
@@ -104,7 +105,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		return slog.New(minLevel{cfg.Logger.Handler(), slog.LevelWarn}).With("component", "protoactor")
 	}))
 	metrics := NewMetrics(cfg.Registry, cfg.Model)
-	props := actor.PropsFromProducer(func() actor.Actor { return &nodeActor{cfg: cfg, metrics: metrics} },
+	n := &Node{cfg: cfg, system: system, failed: make(chan struct{})}
+	props := actor.PropsFromProducer(func() actor.Actor { return &nodeActor{cfg: cfg, metrics: metrics, fail: n.fail} },
 		actor.WithSupervisor(actor.NewOneForOneStrategy(10, time.Minute, actor.DefaultDecider)))
 	pid, err := system.Root.SpawnNamed(props, "node")
 	if err != nil {
@@ -115,7 +117,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		return nil, fmt.Errorf("actors: the node actor did not start: %w", err)
 	}
 	ch := res.(*children)
-	n := &Node{cfg: cfg, system: system, root: pid, apiServer: ch.apiServer, coordinator: ch.coordinator}
+	n.root, n.apiServer, n.coordinator = pid, ch.apiServer, ch.coordinator
 	// Serving before every engine is up would send the first burst to
 	// whichever rank started first.
 	if _, err := system.Root.RequestFuture(n.apiServer, &awaitReady{}, cfg.StartTimeout).Result(); err != nil {
@@ -133,10 +135,40 @@ func (n *Node) Topology() dp.Topology { return n.cfg.Topology }
 
 // Submit hands a request to the API server; its events arrive on
 // s.Stream.
-func (n *Node) Submit(s *Submission) { n.system.Root.Send(n.apiServer, s) }
+func (n *Node) Submit(s *Submission) {
+	select {
+	case <-n.failed:
+		s.Stream.push(Event{Index: s.Index, Finish: engine.FinishedError, Err: n.failErr})
+	default:
+		n.system.Root.Send(n.apiServer, s)
+	}
+}
 
-// Abort cancels a request.
-func (n *Node) Abort(id string) { n.system.Root.Send(n.apiServer, &Abort{ID: id}) }
+// Abort cancels a request; reason is FinishedStop when a stop string
+// matched, FinishedAbort otherwise.
+func (n *Node) Abort(id string, reason engine.FinishReason) {
+	n.system.Root.Send(n.apiServer, &Abort{ID: id, Reason: reason})
+}
+
+// Failed is closed when the node can no longer serve; Err says why.
+func (n *Node) Failed() <-chan struct{} { return n.failed }
+
+// Err is why the node failed, once Failed is closed.
+func (n *Node) Err() error {
+	select {
+	case <-n.failed:
+		return n.failErr
+	default:
+		return nil
+	}
+}
+
+func (n *Node) fail(err error) {
+	n.failOnce.Do(func() {
+		n.failErr = err
+		close(n.failed)
+	})
+}
 
 // View returns the API server's view of its ranks.
 func (n *Node) View(ctx context.Context) (*APIServerView, error) {
@@ -175,12 +207,25 @@ type nodeActor struct {
 	cfg      NodeConfig
 	metrics  *Metrics
 	children children
+	// fail reports that the node cannot serve any more.
+	fail     func(error)
+	stopping bool
 }
 
 func (n *nodeActor) Receive(ctx actor.Context) {
-	switch ctx.Message().(type) {
+	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		n.start(ctx)
+	case *actor.Stopping:
+		n.stopping = true
+	case *actor.Terminated:
+		// A child stops only with the node, or when its supervisor gives
+		// up on it after repeated crashes; then the node is broken, and
+		// saying so (the process exits) beats serving nothing.
+		if !n.stopping {
+			n.cfg.Logger.Error("an actor the node needs crashed too often and was stopped", "actor", msg.Who.Id)
+			n.fail(fmt.Errorf("%w (%s crashed too often)", ErrAPIServerGone, msg.Who.Id))
+		}
 	case *getChildren:
 		ctx.Respond(&n.children)
 	}
@@ -191,7 +236,6 @@ func (n *nodeActor) start(ctx actor.Context) {
 	coord, err := ctx.SpawnNamed(actor.PropsFromProducer(NewCoordinatorProducer(CoordinatorConfig{
 		Epoch:   1,
 		Publish: cfg.Publish,
-		Clock:   cfg.Clock,
 		Metrics: n.metrics,
 		Logger:  cfg.Logger,
 	})), "coordinator")
@@ -218,7 +262,6 @@ func (n *nodeActor) start(ctx actor.Context) {
 		ParkTimeout:   cfg.ParkTimeout,
 		MaxMigrations: cfg.MaxMigrations,
 		Metrics:       n.metrics,
-		Clock:         cfg.Clock,
 		Logger:        cfg.Logger,
 	})), "api-server")
 	if err != nil {

@@ -145,6 +145,9 @@ func Run(ctx context.Context, o Options) error {
 	case err := <-r.served:
 		r.node.Stop()
 		return fmt.Errorf("cluster: the HTTP server stopped: %w", err)
+	case <-r.node.Failed():
+		_ = r.Shutdown()
+		return fmt.Errorf("cluster: the node cannot serve: %w", r.node.Err())
 	}
 	return r.Shutdown()
 }

@@ -72,7 +72,6 @@ type Request struct {
 	numCachedTokens int
 	firstScheduled  bool
 	reportedFirst   bool
-	numPreemptions  int
 	// newTokens collects this step's tokens until Update reports them.
 	newTokens []uint32
 }

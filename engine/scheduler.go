@@ -8,10 +8,9 @@ import (
 
 // Errors a request can be refused with.
 var (
-	ErrEmptyPrompt   = errors.New("engine: the prompt has no tokens")
-	ErrTooLong       = errors.New("engine: the request does not fit in the model's context length")
-	ErrDuplicateID   = errors.New("engine: a request with this id is already in the engine")
-	ErrExceedsKVSize = errors.New("engine: the request needs more KV cache blocks than the engine has")
+	ErrEmptyPrompt = errors.New("engine: the prompt has no tokens")
+	ErrTooLong     = errors.New("engine: the request does not fit in the model's context length")
+	ErrDuplicateID = errors.New("engine: a request with this id is already in the engine")
 )
 
 // SchedulerConfig sizes one engine's batching and KV cache.
@@ -290,7 +289,6 @@ func (s *Scheduler) preempt(req *Request) {
 	s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return r == req })
 	s.kv.release(req)
 	req.numComputed = 0
-	req.numPreemptions++
 	s.stats.NumPreemptions++
 	s.waiting = slices.Insert(s.waiting, 0, req)
 	// A request preempted after being scheduled in this step would be

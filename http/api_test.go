@@ -21,6 +21,7 @@ import (
 
 	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/cluster"
+	"github.com/dpnode/dpnode/engine/sim"
 )
 
 const (
@@ -29,7 +30,9 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	// protoactor's dead-letter throttle lives on for its one-second period
+	// after the system stops.
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"))
 }
 
 type testServer struct {
@@ -484,5 +487,84 @@ func TestInfoEndpoints(t *testing.T) {
 	}
 	if !bytes.Contains(body, []byte(`vllm:num_requests_running{engine="1",model_name="`+model+`"}`)) {
 		t.Error("/metrics lacks the engine and model_name labels")
+	}
+}
+
+// TestStopFinishesCountAsSuccess: a request ended by a stop string is a
+// success with finish_reason stop in the metrics, not an abort, and a
+// stop token's text is not in the output.
+func TestStopFinishesCountAsSuccess(t *testing.T) {
+	ts := startServer(t, 0)
+	status, body := ts.post(t, "/v1/completions", `{"prompt":"count the words","max_tokens":30,"ignore_eos":true}`, nil)
+	if status != 200 {
+		t.Fatalf("%d %s", status, body)
+	}
+	var full struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	json.Unmarshal(body, &full)
+	words := strings.Fields(full.Choices[0].Text)
+	stop := " " + words[3]
+	status, body = ts.post(t, "/v1/completions", fmt.Sprintf(`{"prompt":"count the words","max_tokens":30,"ignore_eos":true,"stop":[%q]}`, stop), nil)
+	if status != 200 || !strings.Contains(string(body), `"finish_reason":"stop"`) {
+		t.Fatalf("%d %s", status, body)
+	}
+	eventually(t, "the stop-string finish is counted as stop", func() bool {
+		return ts.metric(t, "vllm:request_success_total", map[string]string{"finished_reason": "stop"}) == 1 &&
+			ts.metric(t, "vllm:request_success_total", map[string]string{"finished_reason": "abort"}) == 0 &&
+			ts.metric(t, "vllm:prompt_tokens_total", nil) == 2*3
+	})
+
+	// The same text ended by a stop token id: the token's text is left out.
+	tok := sim.NewTokenizer(0)
+	stopID := tok.Encode(stop)[0]
+	status, body = ts.post(t, "/v1/completions", fmt.Sprintf(`{"prompt":"count the words","max_tokens":30,"ignore_eos":true,"stop_token_ids":[%d]}`, stopID), nil)
+	var got struct {
+		Choices []struct {
+			Text         string `json:"text"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	json.Unmarshal(body, &got)
+	want := full.Choices[0].Text[:strings.Index(full.Choices[0].Text, stop)]
+	if status != 200 || got.Choices[0].Text != want || got.Choices[0].FinishReason != "stop" || got.Usage.CompletionTokens != len(tok.Encode(want))+1 {
+		t.Fatalf("stop token %d (%q): %d %+v; want text %q and the stop token counted", stopID, stop, status, got, want)
+	}
+}
+
+func TestHugeNIsABadRequest(t *testing.T) {
+	ts := startServer(t, 0)
+	for _, body := range []string{`{"prompt":["a","b"],"n":6917529027641081856}`, `{"prompt":["a","b","c","d"],"n":4611686018427387904}`, `{"prompt":"a","n":129}`} {
+		if status, resp := ts.post(t, "/v1/completions", body, nil); status != 400 {
+			t.Fatalf("%s: %d %s; want 400", body, status, resp)
+		}
+	}
+}
+
+func TestUsageReportsPrefixCacheHits(t *testing.T) {
+	ts := startServer(t, 0)
+	prompt := strings.Repeat("a shared system prompt of some length ", 20)
+	var cached []int
+	for range 2 {
+		status, body := ts.post(t, "/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1}`, prompt), map[string]string{"X-data-parallel-rank": "0"})
+		var resp struct {
+			Usage struct {
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if status != 200 || json.Unmarshal(body, &resp) != nil {
+			t.Fatalf("%d %s", status, body)
+		}
+		cached = append(cached, resp.Usage.PromptTokensDetails.CachedTokens)
+	}
+	if cached[0] != 0 || cached[1] < 100 {
+		t.Fatalf("cached tokens %v; want none the first time and the shared prompt's blocks the second", cached)
 	}
 }

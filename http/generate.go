@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -60,8 +61,8 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 	switch {
 	case g.n < 1:
 		return nil, badRequest(fmt.Sprintf("n must be at least 1, got %d", g.n), "n")
-	case g.n*len(prompts) > maxChoices:
-		return nil, badRequest(fmt.Sprintf("n times the number of prompts must be at most %d, got %d", maxChoices, g.n*len(prompts)), "n")
+	case g.n > maxChoices/len(prompts):
+		return nil, badRequest(fmt.Sprintf("n times the number of prompts (%d) must be at most %d", len(prompts), maxChoices), "n")
 	case p.Temperature != nil && (*p.Temperature < 0 || *p.Temperature > 2):
 		return nil, badRequest(fmt.Sprintf("temperature must be between 0 and 2, got %v", *p.Temperature), "temperature")
 	case p.TopP != nil && (*p.TopP <= 0 || *p.TopP > 1):
@@ -130,6 +131,8 @@ type choice struct {
 	// still turn out to be the start of a stop string is sent.
 	sent   int
 	tokens int
+	// cached counts the prompt tokens found in the prefix cache.
+	cached int
 	finish string
 	done   bool
 	// started and finishSent track what a stream has told the client.
@@ -232,7 +235,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 	defer func() {
 		for _, c := range choices {
 			if !c.done {
-				s.cfg.Backend.Abort(c.subID)
+				s.cfg.Backend.Abort(c.subID, engine.FinishedAbort)
 			}
 		}
 	}()
@@ -266,9 +269,19 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 				return
 			}
 			c.tokens += len(ev.Tokens)
-			if len(ev.Tokens) > 0 && c.addText(s.cfg.Tokenizer.Decode(ev.Tokens), g.stops, g.includeStop) {
+			if c.cached == 0 {
+				c.cached = ev.NumCachedTokens
+			}
+			text := ev.Tokens
+			if n := len(text); ev.Finish == engine.FinishedStop && n > 0 && !g.includeStop &&
+				slices.Contains(g.sampling[c.prompt].StopTokenIDs, text[n-1]) {
+				// A stop token ends the text without being part of it
+				// (it still counts as a completion token).
+				text = text[:n-1]
+			}
+			if len(text) > 0 && c.addText(s.cfg.Tokenizer.Decode(text), g.stops, g.includeStop) {
 				c.finish, c.done = "stop", true
-				s.cfg.Backend.Abort(c.subID)
+				s.cfg.Backend.Abort(c.subID, engine.FinishedStop)
 			} else if ev.Finish != engine.NotFinished {
 				c.finish, c.done = finishName(ev.Finish), true
 			}
@@ -297,9 +310,14 @@ func (g *genSpec) usage(choices []*choice) usage {
 	for _, p := range g.prompts {
 		u.PromptTokens += len(p.tokens)
 	}
-	for _, c := range choices {
+	cached := 0
+	for i, c := range choices {
 		u.CompletionTokens += c.tokens
+		if i%g.n == 0 {
+			cached += c.cached
+		}
 	}
+	u.PromptTokensDetails = &promptTokensDetails{CachedTokens: cached}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	return u
 }

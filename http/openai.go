@@ -152,9 +152,15 @@ type completionRequest struct {
 }
 
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens        int                  `json:"prompt_tokens"`
+	CompletionTokens    int                  `json:"completion_tokens"`
+	TotalTokens         int                  `json:"total_tokens"`
+	PromptTokensDetails *promptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// promptTokensDetails reports prefix-cache hits, as OpenAI does.
+type promptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 type chatMessageOut struct {

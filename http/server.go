@@ -28,7 +28,7 @@ type Backend interface {
 	Model() string
 	Topology() dp.Topology
 	Submit(*actors.Submission)
-	Abort(id string)
+	Abort(id string, reason engine.FinishReason)
 	View(ctx context.Context) (*actors.APIServerView, error)
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -52,12 +51,17 @@ func (p RestartPolicy) delay(n int) time.Duration {
 
 // APIServerConfig sets up an APIServerActor.
 type APIServerConfig struct {
+	// Node is the name of this node, for views and rank statuses.
+	Node string
 	// Engines configures one engine per local rank.
 	Engines []EngineConfig
-	// Coordinator publishes load snapshots; nil for none.
-	Coordinator *actor.PID
-	Policy      dp.Policy
-	Restart     RestartPolicy
+	// DataParallelSize is the number of ranks in the deployment.
+	DataParallelSize int
+	// BalanceRemote makes the API server send requests to other nodes'
+	// ranks as well as its own (internal load balancing).
+	BalanceRemote bool
+	Policy        dp.Policy
+	Restart       RestartPolicy
 	// ParkTimeout bounds how long a request waits for a rank to become
 	// available (all ranks restarting, or its pinned rank down) before it
 	// fails with ErrNoRank.
@@ -70,46 +74,49 @@ type APIServerConfig struct {
 	Logger        *slog.Logger
 }
 
-// APIServerActor supervises the local engines and routes requests to them.
-// It picks a rank per request from live local state (its exact in-flight
-// counts plus the engines' own stats), honours pinned ranks, forwards each
-// step's outputs to the requests' streams, and restarts crashed engines
-// with backoff, moving their requests to other ranks.
+// APIServerActor supervises the local engines and routes requests to the
+// ranks it balances over: its own, and in internal mode every rank of the
+// cluster. It picks a rank per request from live state (its exact
+// in-flight counts plus the engines' own stats), honours pinned ranks,
+// forwards each step's outputs to the requests' streams, restarts crashed
+// local engines with backoff, and moves the requests of a crashed engine
+// or a dead node to other ranks. A node without an HTTP server (headless)
+// runs one too, as the supervisor of its engines.
 type APIServerActor struct {
-	cfg    APIServerConfig
-	self   *actor.PID
-	root   *actor.RootContext
+	cfg  APIServerConfig
+	self *actor.PID
+	root *actor.RootContext
+	// ranks is every rank this API server knows, local ones first;
+	// byRank indexes it.
 	ranks  []*rankState
+	byRank map[int]*rankState
 	calls  map[string]*call
 	parked []*call
 	// parkTimer is armed while requests are parked.
 	parkTimer *time.Timer
-	// snapshot is the coordinator's latest.
-	snapshot *dpnodev1.LoadSnapshot
-	loads    []dp.RankLoad
-	// readyWaiters are answered once every rank has been ready.
+	loads     []dp.RankLoad
+
+	// coordinator is where snapshots come from, and coordEpoch its epoch.
+	coordinator *actor.PID
+	coordEpoch  uint64
+	snapshot    *dpnodev1.LoadSnapshot
+
+	// hosts are the other nodes whose ranks this API server balances
+	// over, by node name; subscribers are the API servers of other nodes
+	// that balance over this node's ranks.
+	hosts       map[string]*actor.PID
+	subscribers []*actor.PID
+
+	// readyWaiters are answered once every local rank has been ready.
 	readyWaiters []*actor.PID
 	allReady     bool
-}
-
-type rankState struct {
-	cfg   EngineConfig
-	pid   *actor.PID
-	epoch *atomic.Uint64
-	ready bool
-	// inflight counts calls dispatched to the rank and not finished.
-	inflight int
-	stats    *dpnodev1.EngineStats
-	crashes  []time.Time
-	timer    *time.Timer
-	metrics  *rankMetrics
 }
 
 // call is one request in flight.
 type call struct {
 	sub *Submission
-	// rank indexes APIServerActor.ranks; -1 while parked.
-	rank     int
+	// rank is where the call runs; nil while parked.
+	rank     *rankState
 	output   []uint32
 	firstAt  time.Time
 	lastAt   time.Time
@@ -120,7 +127,7 @@ type call struct {
 // NewAPIServerProducer returns the producer of an APIServerActor.
 func NewAPIServerProducer(cfg APIServerConfig) actor.Producer {
 	return func() actor.Actor {
-		return &APIServerActor{cfg: cfg, calls: make(map[string]*call)}
+		return &APIServerActor{cfg: cfg, calls: make(map[string]*call), byRank: make(map[int]*rankState), hosts: make(map[string]*actor.PID)}
 	}
 }
 
@@ -132,11 +139,11 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 	case *actor.Stopping, *actor.Restarting:
 		a.stop()
 	case *Submission:
-		c := &call{sub: msg, rank: -1}
 		if _, dup := a.calls[msg.ID]; dup {
 			msg.Stream.push(Event{Index: msg.Index, Finish: engine.FinishedError, Err: fmt.Errorf("actors: request id %q is already in flight", msg.ID)})
 			return
 		}
+		c := &call{sub: msg}
 		a.calls[msg.ID] = c
 		a.dispatch(ctx, c)
 	case *Abort:
@@ -144,7 +151,7 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 	case *dpnodev1.StepOutputs:
 		a.stepOutputs(msg)
 	case *dpnodev1.EngineStats:
-		if r := a.rankOf(msg.Rank); r != nil && msg.EngineEpoch == r.epoch.Load() {
+		if r := a.byRank[int(msg.Rank)]; r != nil && r.local && msg.EngineEpoch == r.epoch.Load() {
 			a.applyStats(r, msg)
 		}
 	case *dpnodev1.EngineReady:
@@ -153,10 +160,24 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		a.engineFailed(ctx, msg)
 	case *expireParked:
 		a.expireParked()
+	case *dpnodev1.CoordinatorChanged:
+		a.coordinatorChanged(ctx, msg)
 	case *dpnodev1.LoadSnapshot:
-		if a.snapshot == nil || msg.CoordinatorEpoch >= a.snapshot.CoordinatorEpoch {
+		if msg.CoordinatorEpoch >= a.coordEpoch {
 			a.snapshot = msg
 		}
+	case *dpnodev1.SubscribeRanks:
+		a.subscribeRanks(ctx)
+	case *dpnodev1.RankStatuses:
+		a.remoteStatuses(ctx, ctx.Sender(), msg.Ranks)
+	case *dpnodev1.RankStatus:
+		a.remoteStatuses(ctx, ctx.Sender(), []*dpnodev1.RankStatus{msg})
+	case *nodeUp:
+		a.nodeUp(ctx, msg)
+	case *nodeDown:
+		a.nodeGone(ctx, msg.name)
+	case *actor.Terminated:
+		a.terminated(ctx, msg.Who)
 	case *getView:
 		ctx.Respond(a.view())
 	case *awaitReady:
@@ -165,30 +186,6 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		} else {
 			a.readyWaiters = append(a.readyWaiters, ctx.Sender())
 		}
-	}
-}
-
-func (a *APIServerActor) start(ctx actor.Context) {
-	a.self, a.root = ctx.Self(), ctx.ActorSystem().Root
-	a.ranks = make([]*rankState, len(a.cfg.Engines))
-	a.loads = make([]dp.RankLoad, len(a.cfg.Engines))
-	for i, ec := range a.cfg.Engines {
-		r := &rankState{cfg: ec, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(ec.Rank)}
-		r.epoch.Store(1)
-		props := actor.PropsFromProducer(NewEngineProducer(ec, r.epoch))
-		pid, err := ctx.SpawnNamed(props, fmt.Sprintf("engine-%d", ec.Rank))
-		if err != nil {
-			panic(fmt.Errorf("actors: spawning the engine of rank %d: %w", ec.Rank, err))
-		}
-		r.pid = pid
-		a.ranks[i] = r
-	}
-	if a.cfg.Coordinator != nil {
-		sub := &dpnodev1.SubscribeLoad{}
-		for _, r := range a.ranks {
-			sub.Ranks = append(sub.Ranks, uint32(r.cfg.Rank))
-		}
-		ctx.Request(a.cfg.Coordinator, sub)
 	}
 }
 
@@ -201,7 +198,10 @@ func (a *APIServerActor) stop() {
 			r.timer.Stop()
 		}
 		r.ready = false
-		r.metrics.ready.Set(0)
+		if r.local {
+			r.metrics.ready.Set(0)
+		}
+		r.inflight = 0
 		r.metrics.inflight.Set(0)
 	}
 	if a.parkTimer != nil {
@@ -215,64 +215,44 @@ func (a *APIServerActor) stop() {
 	a.cfg.Metrics.parked.Set(0)
 }
 
-// HandleFailure makes the API server the supervisor of its engines (an
-// actor that implements actor.SupervisorStrategy supervises its own
-// children). It runs on the API server's mailbox goroutine; the work is
-// done in Receive, where the actor can send with itself as sender.
-func (a *APIServerActor) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, _ *actor.RestartStatistics, reason, _ any) {
-	for i, r := range a.ranks {
-		if r.pid.Equal(child) {
-			a.root.Send(a.self, &engineFailed{rank: i, reason: reason, restart: func() { sup.RestartChildren(child) }})
-			return
+// pick chooses the rank for c; nil with no error means c must wait.
+func (a *APIServerActor) pick(c *call) (*rankState, error) {
+	if rank := c.sub.Rank; rank != AnyRank {
+		r := a.byRank[rank]
+		switch {
+		case r != nil && r.ready:
+			return r, nil
+		case r != nil || (a.cfg.BalanceRemote && rank >= 0 && rank < a.cfg.DataParallelSize):
+			// Down, or on a node that has not joined yet: wait for it.
+			return nil, nil
 		}
+		return nil, fmt.Errorf("%w: rank %d", ErrRankNotServed, rank)
 	}
-	sup.EscalateFailure(reason, nil)
-}
-
-func (a *APIServerActor) rankOf(rank uint32) *rankState {
+	a.loads = a.loads[:0]
 	for _, r := range a.ranks {
-		if r.cfg.Rank == int(rank) {
-			return r
-		}
-	}
-	return nil
-}
-
-// pick chooses the rank index for c, or -1 when c must wait.
-func (a *APIServerActor) pick(c *call) (int, error) {
-	if c.sub.Rank != AnyRank {
-		for i, r := range a.ranks {
-			if r.cfg.Rank == c.sub.Rank {
-				if !r.ready {
-					return -1, nil
-				}
-				return i, nil
-			}
-		}
-		return -1, fmt.Errorf("%w: rank %d", ErrRankNotServed, c.sub.Rank)
-	}
-	for i, r := range a.ranks {
-		l := &a.loads[i]
-		*l = dp.RankLoad{Rank: r.cfg.Rank, Available: r.ready, InFlight: r.inflight}
+		l := dp.RankLoad{Rank: r.rank, Available: r.ready, InFlight: r.inflight}
 		if r.stats != nil {
 			l.Waiting, l.Running, l.KVUsage = int(r.stats.NumWaiting), int(r.stats.NumRunning), float64(r.stats.KvCacheUsage)
 		}
+		a.loads = append(a.loads, l)
 	}
-	return a.cfg.Policy.Pick(a.loads), nil
+	if i := a.cfg.Policy.Pick(a.loads); i >= 0 {
+		return a.ranks[i], nil
+	}
+	return nil, nil
 }
 
 func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
-	i, err := a.pick(c)
+	r, err := a.pick(c)
 	if err != nil {
 		a.fail(c, err, "rank_not_served")
 		return
 	}
-	if i < 0 {
+	if r == nil {
 		a.park(c)
 		return
 	}
-	r := a.ranks[i]
-	c.rank, c.parkedAt = i, time.Time{}
+	c.rank, c.parkedAt = r, time.Time{}
 	r.inflight++
 	r.metrics.inflight.Set(float64(r.inflight))
 	ctx.Request(r.pid, &dpnodev1.AddRequest{
@@ -338,42 +318,23 @@ func (a *APIServerActor) abort(ctx actor.Context, msg *Abort) {
 		return
 	}
 	delete(a.calls, msg.ID)
-	if c.rank < 0 {
+	r := c.rank
+	if r == nil {
 		a.parked = slices.DeleteFunc(a.parked, func(p *call) bool { return p == c })
 		a.cfg.Metrics.parked.Set(float64(len(a.parked)))
 		return
 	}
-	r := a.ranks[c.rank]
 	ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: []string{msg.ID}})
 	a.release(c)
-	if msg.Reason == engine.FinishedStop {
-		// A stop string matched: the request succeeded.
-		a.finished(r, c, engine.FinishedStop, time.Now())
-		return
-	}
-	r.metrics.abort.Inc()
 }
 
-// finished records a successful finish.
-func (a *APIServerActor) finished(r *rankState, c *call, reason engine.FinishReason, now time.Time) {
-	if reason == engine.FinishedLength {
-		r.metrics.length.Inc()
-	} else {
-		r.metrics.stop.Inc()
-	}
-	r.metrics.promptTokens.Add(float64(len(c.sub.Prompt)))
-	r.metrics.e2e.Observe(now.Sub(c.sub.Arrival).Seconds())
-}
-
-// release takes a finished call off its rank's count.
+// release takes a call off its rank's count.
 func (a *APIServerActor) release(c *call) {
-	if c.rank < 0 {
-		return
+	if r := c.rank; r != nil {
+		r.inflight--
+		r.metrics.inflight.Set(float64(r.inflight))
+		c.rank = nil
 	}
-	r := a.ranks[c.rank]
-	r.inflight--
-	r.metrics.inflight.Set(float64(r.inflight))
-	c.rank = -1
 }
 
 // fail ends c with an error.
@@ -385,7 +346,7 @@ func (a *APIServerActor) fail(c *call, err error, reason string) {
 }
 
 func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
-	r := a.rankOf(msg.Rank)
+	r := a.byRank[int(msg.Rank)]
 	if r == nil || msg.EngineEpoch != r.epoch.Load() {
 		return
 	}
@@ -395,7 +356,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 	now := time.Now()
 	for _, o := range msg.Outputs {
 		c := a.calls[o.RequestId]
-		if c == nil || c.rank < 0 || a.ranks[c.rank] != r {
+		if c == nil || c.rank != r {
 			continue
 		}
 		if n := len(o.NewTokenIds); n > 0 {
@@ -409,7 +370,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			c.output = append(c.output, o.NewTokenIds...)
 			r.metrics.generation.Add(float64(n))
 		}
-		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, Rank: r.cfg.Rank}
+		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, Rank: r.rank}
 		if c.moves == 0 {
 			// After a move the new engine's cache hit covers the tokens
 			// generated before; the client's prompt hit was the first.
@@ -420,78 +381,27 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			c.sub.Stream.push(ev)
 			continue
 		case engine.FinishedError:
-			a.fail(c, fmt.Errorf("engine rank %d: %s", r.cfg.Rank, o.Error), "engine_refused")
+			a.fail(c, fmt.Errorf("engine rank %d: %s", r.rank, o.Error), "engine_refused")
 			continue
 		}
-		a.finished(r, c, o.FinishReason, now)
 		delete(a.calls, c.sub.ID)
 		a.release(c)
 		c.sub.Stream.push(ev)
 	}
 }
 
-func (a *APIServerActor) applyStats(r *rankState, st *dpnodev1.EngineStats) {
-	m := r.metrics
-	// Counters restart with each engine incarnation.
-	prev := r.stats
-	if prev == nil || prev.EngineEpoch != st.EngineEpoch {
-		prev = &dpnodev1.EngineStats{}
-	}
-	m.steps.Add(float64(st.Step - prev.Step))
-	m.prefixQueries.Add(float64(st.PrefixCacheQueries - prev.PrefixCacheQueries))
-	m.prefixHits.Add(float64(st.PrefixCacheHits - prev.PrefixCacheHits))
-	m.preemptions.Add(float64(st.NumPreemptions - prev.NumPreemptions))
-	r.stats = st
-	m.running.Set(float64(st.NumRunning))
-	m.waiting.Set(float64(st.NumWaiting))
-	m.kvUsage.Set(float64(st.KvCacheUsage))
-}
-
-func (a *APIServerActor) engineReady(ctx actor.Context, msg *dpnodev1.EngineReady) {
-	r := a.rankOf(msg.Rank)
-	if r == nil || msg.EngineEpoch != r.epoch.Load() {
-		return
-	}
-	r.ready = true
-	r.metrics.ready.Set(1)
-	if !a.allReady && !slices.ContainsFunc(a.ranks, func(r *rankState) bool { return !r.ready }) {
-		a.allReady = true
-		for _, w := range a.readyWaiters {
-			ctx.Send(w, &ready{})
-		}
-		a.readyWaiters = nil
-	}
-	a.unpark(ctx)
-}
-
-// engineFailed moves a crashed engine's requests elsewhere and schedules
-// its restart. The epoch goes up first, so that the new incarnation drops
-// the requests still queued in its mailbox: they are being moved here.
-func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
-	r := a.ranks[msg.rank]
-	r.epoch.Add(1)
-	r.ready = false
-	r.stats = nil
-	r.metrics.ready.Set(0)
-	r.metrics.restarts.Inc()
-	r.metrics.running.Set(0)
-	r.metrics.waiting.Set(0)
-	r.metrics.kvUsage.Set(0)
-
-	now := time.Now()
-	r.crashes = slices.DeleteFunc(append(r.crashes, now), func(t time.Time) bool { return now.Sub(t) > a.cfg.Restart.Window })
-	delay := a.cfg.Restart.delay(len(r.crashes))
-
+// move sends the calls of a rank that lost its engine to other ranks:
+// re-dispatched if they had no output yet, migrated with their tokens so
+// far if they had.
+func (a *APIServerActor) move(ctx actor.Context, r *rankState) int {
 	var moved []*call
 	for _, c := range a.calls {
-		if c.rank == msg.rank {
+		if c.rank == r {
 			moved = append(moved, c)
 		}
 	}
 	// Oldest first, so that the re-dispatch keeps arrival order.
 	slices.SortFunc(moved, func(x, y *call) int { return x.sub.Arrival.Compare(y.sub.Arrival) })
-	a.cfg.Logger.Error("engine crashed; restarting it and moving its requests",
-		"rank", r.cfg.Rank, "reason", fmt.Sprint(msg.reason), "requests", len(moved), "restart_in", delay)
 	for _, c := range moved {
 		a.release(c)
 		c.moves++
@@ -506,48 +416,24 @@ func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 		}
 		a.dispatch(ctx, c)
 	}
-	if r.timer != nil {
-		r.timer.Stop()
+	return len(moved)
+}
+
+func (a *APIServerActor) coordinatorChanged(ctx actor.Context, msg *dpnodev1.CoordinatorChanged) {
+	if msg.Epoch < a.coordEpoch {
+		return
 	}
-	r.timer = time.AfterFunc(delay, msg.restart)
-}
-
-// RankView is one rank as the API server sees it.
-type RankView struct {
-	Rank     int     `json:"rank"`
-	Ready    bool    `json:"ready"`
-	InFlight int     `json:"in_flight"`
-	Waiting  int     `json:"waiting"`
-	Running  int     `json:"running"`
-	KVUsage  float64 `json:"kv_cache_usage"`
-	Restarts int     `json:"restarts_last_window"`
-	Steps    uint64  `json:"steps"`
-	Device   string  `json:"device,omitempty"`
-}
-
-// APIServerView is the API server's state for /v1/cluster.
-type APIServerView struct {
-	Ranks     []RankView             `json:"ranks"`
-	Parked    int                    `json:"parked"`
-	InFlight  int                    `json:"in_flight"`
-	Snapshot  *dpnodev1.LoadSnapshot `json:"-"`
-	Timestamp time.Time              `json:"-"`
-}
-
-func (a *APIServerActor) view() *APIServerView {
-	now := time.Now()
-	v := &APIServerView{Parked: len(a.parked), InFlight: len(a.calls), Snapshot: a.snapshot, Timestamp: now}
+	a.coordEpoch = msg.Epoch
+	a.coordinator = nil
+	if msg.ActorAddress != "" {
+		a.coordinator = actor.NewPID(msg.ActorAddress, coordinatorID)
+		// Every snapshot: /v1/cluster shows all ranks, not only those
+		// balanced here.
+		ctx.Request(a.coordinator, &dpnodev1.SubscribeLoad{})
+	}
 	for _, r := range a.ranks {
-		rv := RankView{Rank: r.cfg.Rank, Ready: r.ready, InFlight: r.inflight, Device: r.cfg.Device}
-		for _, t := range r.crashes {
-			if now.Sub(t) <= a.cfg.Restart.Window {
-				rv.Restarts++
-			}
+		if r.local {
+			ctx.Send(r.pid, &setCoordinator{pid: a.coordinator})
 		}
-		if r.stats != nil {
-			rv.Waiting, rv.Running, rv.KVUsage, rv.Steps = int(r.stats.NumWaiting), int(r.stats.NumRunning), float64(r.stats.KvCacheUsage), r.stats.Step
-		}
-		v.Ranks = append(v.Ranks, rv)
 	}
-	return v
 }

@@ -60,6 +60,9 @@ func (c *CoordinatorActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		c.self, c.root = ctx.Self(), ctx.ActorSystem().Root
 		c.pub = dp.NewPublisher(c.cfg.Publish)
+		// A fresh coordinator knows nothing: its node tells everyone, and
+		// they subscribe and report to it again.
+		ctx.Send(ctx.Parent(), &coordinatorStarted{})
 		c.tick(ctx)
 	case *actor.Stopping, *actor.Restarting:
 		if c.timer != nil {

@@ -23,9 +23,6 @@ type EngineConfig struct {
 	// NewExecutor builds the rank's executor each time the engine starts,
 	// so a restart after a crash starts from a clean executor too.
 	NewExecutor func() (engine.Executor, error)
-	// Coordinator receives the engine's stats when they change; nil for
-	// none.
-	Coordinator *actor.PID
 	Logger      *slog.Logger
 }
 
@@ -46,10 +43,20 @@ type EngineActor struct {
 	stopStep context.CancelFunc
 	// inFlight is the batch of the running step, nil when idle.
 	inFlight *engine.Batch
+	// coordinator receives the stats when they change; nil while no
+	// coordinator runs. The supervisor sets it, and again when it moves.
+	coordinator *actor.PID
 	// lastSent holds the stats last reported, to send only changes.
 	lastSent   engine.Stats
 	sentOnce   bool
 	clientsBuf []clientOutputs
+}
+
+// setCoordinator tells an engine where to report its stats. The engine
+// reports its full stats at once, which is how a new coordinator rebuilds
+// its state.
+type setCoordinator struct {
+	pid *actor.PID
 }
 
 type clientOutputs struct {
@@ -90,6 +97,11 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 		}
 	case *stepDone:
 		e.finishStep(ctx, msg)
+	case *setCoordinator:
+		e.coordinator, e.sentOnce = msg.pid, false
+		if e.inFlight == nil {
+			e.reportStats(ctx, nil)
+		}
 	}
 }
 
@@ -234,8 +246,8 @@ func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs) {
 	if !parentTold {
 		ctx.Send(ctx.Parent(), wire)
 	}
-	if e.cfg.Coordinator != nil {
-		ctx.Send(e.cfg.Coordinator, &dpnodev1.ReportStats{Stats: wire})
+	if e.coordinator != nil {
+		ctx.Send(e.coordinator, &dpnodev1.ReportStats{Stats: wire})
 	}
 }
 

@@ -25,12 +25,22 @@ type Submission struct {
 	Arrival time.Time
 }
 
-// Abort cancels a request: its client went away (Reason FinishedAbort) or
-// a stop string matched (FinishedStop, which counts as a success). Its
-// stream gets no further events.
+// Abort cancels a request: its client went away, or a stop string
+// matched. Its stream gets no further events.
 type Abort struct {
-	ID     string
-	Reason engine.FinishReason
+	ID string
+}
+
+// Outcome is how a request ended for its client, recorded once per request
+// where its output is processed (the stop strings matched, the text
+// decoded): only there is the finish reason the client saw known.
+type Outcome struct {
+	// Rank served the request's last tokens; -1 when none did.
+	Rank         int
+	Reason       engine.FinishReason
+	PromptTokens int
+	// Latency is from arrival to the end.
+	Latency time.Duration
 }
 
 // awaitReady asks the API server to answer with ready once all of its

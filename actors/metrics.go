@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dpnode/dpnode/engine"
 )
 
 // Histogram buckets of vLLM's metrics, so that dashboards built for vLLM
@@ -76,15 +78,35 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 	return m
 }
 
+// recordOutcome counts a request's end under its rank: successes by
+// finish reason with their prompt tokens and latency, and aborts.
+func (m *Metrics) recordOutcome(o Outcome) {
+	if o.Rank < 0 {
+		return
+	}
+	l := prometheus.Labels{"model_name": m.model, "engine": strconv.Itoa(o.Rank)}
+	reason := "abort"
+	switch o.Reason {
+	case engine.FinishedStop:
+		reason = "stop"
+	case engine.FinishedLength:
+		reason = "length"
+	}
+	m.success.With(prometheus.Labels{"model_name": m.model, "engine": l["engine"], "finished_reason": reason}).Inc()
+	if reason != "abort" {
+		m.promptTokens.With(l).Add(float64(o.PromptTokens))
+		m.e2e.With(l).Observe(o.Latency.Seconds())
+	}
+}
+
 // rankMetrics holds one rank's series, resolved once so that the per-token
 // path does no label lookups.
 type rankMetrics struct {
 	running, waiting, kvUsage prometheus.Gauge
-	stop, length, abort       prometheus.Counter
-	promptTokens, generation  prometheus.Counter
+	generation                prometheus.Counter
 	prefixQueries, prefixHits prometheus.Counter
 	preemptions, steps        prometheus.Counter
-	ttft, itl, e2e            prometheus.Observer
+	ttft, itl                 prometheus.Observer
 	restarts, migrated        prometheus.Counter
 	redispatched              prometheus.Counter
 	inflight, ready           prometheus.Gauge
@@ -93,16 +115,19 @@ type rankMetrics struct {
 func (m *Metrics) forRank(rank int) *rankMetrics {
 	e := strconv.Itoa(rank)
 	l := prometheus.Labels{"model_name": m.model, "engine": e}
-	reason := func(r string) prometheus.Counter {
-		return m.success.With(prometheus.Labels{"model_name": m.model, "engine": e, "finished_reason": r})
+	// Create the per-reason series now, so that a rank shows zeros before
+	// its first request rather than no series.
+	for _, r := range []string{"stop", "length", "abort"} {
+		m.success.With(prometheus.Labels{"model_name": m.model, "engine": e, "finished_reason": r})
 	}
+	m.promptTokens.With(l)
+	m.e2e.With(l)
 	return &rankMetrics{
 		running: m.running.With(l), waiting: m.waiting.With(l), kvUsage: m.kvUsage.With(l),
-		stop: reason("stop"), length: reason("length"), abort: reason("abort"),
-		promptTokens: m.promptTokens.With(l), generation: m.generation.With(l),
+		generation:    m.generation.With(l),
 		prefixQueries: m.prefixQueries.With(l), prefixHits: m.prefixHits.With(l),
 		preemptions: m.preemptions.With(l), steps: m.steps.With(l),
-		ttft: m.ttft.With(l), itl: m.itl.With(l), e2e: m.e2e.With(l),
+		ttft: m.ttft.With(l), itl: m.itl.With(l),
 		restarts: m.restarts.With(l), migrated: m.migrated.With(l), redispatched: m.redispatched.With(l),
 		inflight: m.inflight.With(l), ready: m.ready.With(l),
 	}

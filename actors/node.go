@@ -5,19 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/remote"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/gpu"
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
 // NodeConfig is everything a node runs with.
 type NodeConfig struct {
+	// Name is unique per process incarnation.
+	Name string
 	// Model is the served model name requests must name.
 	Model    string
 	Topology dp.Topology
@@ -35,6 +40,11 @@ type NodeConfig struct {
 	Publish       dp.PublishConfig
 	// StartTimeout bounds how long StartNode waits for the engines.
 	StartTimeout time.Duration
+	// Remote, when set, serves the node's actors to other nodes; nil keeps
+	// them in the process (a node that will never have peers).
+	Remote *remote.Config
+	// HTTPAddress is gossiped for views; empty for a headless node.
+	HTTPAddress string
 	// Registry receives the node's metrics.
 	Registry prometheus.Registerer
 	Logger   *slog.Logger
@@ -44,6 +54,7 @@ type NodeConfig struct {
 // executor.
 func DefaultNodeConfig() NodeConfig {
 	return NodeConfig{
+		Name:      "local",
 		Scheduler: engine.DefaultSchedulerConfig(),
 		Restart:   DefaultRestartPolicy(),
 		// Long enough to ride out a few restarts with backoff; shorter
@@ -63,9 +74,11 @@ func (c *NodeConfig) validate() error {
 	switch {
 	case c.Model == "":
 		return errors.New("actors: the node needs a model name")
+	case c.Name == "":
+		return errors.New("actors: the node needs a name")
 	case len(c.Devices) != c.Topology.LocalSize:
 		return fmt.Errorf("actors: %d local ranks but %d devices", c.Topology.LocalSize, len(c.Devices))
-	case c.NewExecutor == nil:
+	case c.NewExecutor == nil && c.Topology.LocalSize > 0:
 		return errors.New("actors: the node needs an executor factory")
 	case c.Registry == nil:
 		return errors.New("actors: the node needs a metrics registry")
@@ -80,13 +93,15 @@ func (c *NodeConfig) validate() error {
 }
 
 // Node is a running node: its actor system and the PIDs the HTTP server
-// talks to.
+// and the membership talk to.
 type Node struct {
-	cfg         NodeConfig
-	system      *actor.ActorSystem
-	root        *actor.PID
-	apiServer   *actor.PID
-	coordinator *actor.PID
+	cfg       NodeConfig
+	system    *actor.ActorSystem
+	remote    *remote.Remote
+	meta      *dpnodev1.NodeMeta
+	root      *actor.PID
+	apiServer *actor.PID
+	metrics   *Metrics
 	// failed is closed when the node can no longer serve: an actor it
 	// cannot do without was stopped for good by its supervisor.
 	failed   chan struct{}
@@ -94,7 +109,7 @@ type Node struct {
 	failErr  error
 }
 
-// StartNode starts a node's actors and returns once they run.
+// StartNode starts a node's actors and returns once its engines run.
 func StartNode(cfg NodeConfig) (*Node, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -104,20 +119,43 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		// only its warnings concern an operator.
 		return slog.New(minLevel{cfg.Logger.Handler(), slog.LevelWarn}).With("component", "protoactor")
 	}))
-	metrics := NewMetrics(cfg.Registry, cfg.Model)
-	n := &Node{cfg: cfg, system: system, failed: make(chan struct{})}
-	props := actor.PropsFromProducer(func() actor.Actor { return &nodeActor{cfg: cfg, metrics: metrics, fail: n.fail} },
+	n := &Node{cfg: cfg, system: system, failed: make(chan struct{}), metrics: NewMetrics(cfg.Registry, cfg.Model)}
+	if cfg.Remote != nil {
+		// remote.Start panics when it cannot listen; find out first.
+		ln, err := net.Listen("tcp", cfg.Remote.Address())
+		if err != nil {
+			return nil, fmt.Errorf("actors: the actor transport cannot listen on %s: %w", cfg.Remote.Address(), err)
+		}
+		ln.Close()
+		n.remote = remote.NewRemote(system, cfg.Remote)
+		n.remote.Start()
+	}
+	topo := cfg.Topology
+	n.meta = &dpnodev1.NodeMeta{
+		ActorAddress:     system.Address(),
+		HttpAddress:      cfg.HTTPAddress,
+		StartRank:        uint32(topo.StartRank),
+		LocalSize:        uint32(topo.LocalSize),
+		DataParallelSize: uint32(topo.Size),
+		BootUnixNano:     time.Now().UnixNano(),
+		Mode:             topo.Mode.String(),
+		Headless:         topo.Headless,
+		Model:            cfg.Model,
+	}
+	props := actor.PropsFromProducer(func() actor.Actor { return &nodeActor{cfg: cfg, self: n.meta, metrics: n.metrics, fail: n.fail} },
 		actor.WithSupervisor(actor.NewOneForOneStrategy(10, time.Minute, actor.DefaultDecider)))
-	pid, err := system.Root.SpawnNamed(props, "node")
+	pid, err := system.Root.SpawnNamed(props, nodeID)
 	if err != nil {
+		n.shutdownSystem()
 		return nil, fmt.Errorf("actors: starting the node actor: %w", err)
 	}
+	n.root = pid
 	res, err := system.Root.RequestFuture(pid, &getChildren{}, 10*time.Second).Result()
 	if err != nil {
+		n.Stop()
 		return nil, fmt.Errorf("actors: the node actor did not start: %w", err)
 	}
-	ch := res.(*children)
-	n.root, n.apiServer, n.coordinator = pid, ch.apiServer, ch.coordinator
+	n.apiServer = res.(*children).apiServer
 	// Serving before every engine is up would send the first burst to
 	// whichever rank started first.
 	if _, err := system.Root.RequestFuture(n.apiServer, &awaitReady{}, cfg.StartTimeout).Result(); err != nil {
@@ -126,6 +164,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	}
 	return n, nil
 }
+
+// Name is the node's name, unique per incarnation.
+func (n *Node) Name() string { return n.cfg.Name }
+
+// Meta is what the node gossips about itself.
+func (n *Node) Meta() *dpnodev1.NodeMeta { return n.meta }
 
 // Model is the served model name.
 func (n *Node) Model() string { return n.cfg.Model }
@@ -144,11 +188,15 @@ func (n *Node) Submit(s *Submission) {
 	}
 }
 
-// Abort cancels a request; reason is FinishedStop when a stop string
-// matched, FinishedAbort otherwise.
-func (n *Node) Abort(id string, reason engine.FinishReason) {
-	n.system.Root.Send(n.apiServer, &Abort{ID: id, Reason: reason})
-}
+// Abort cancels a request.
+func (n *Node) Abort(id string) { n.system.Root.Send(n.apiServer, &Abort{ID: id}) }
+
+// Finished records a request's outcome in the metrics.
+func (n *Node) Finished(o Outcome) { n.metrics.recordOutcome(o) }
+
+// MemberEvent hands the node a membership change. It never blocks, so it
+// may be called from the membership library's own goroutines.
+func (n *Node) MemberEvent(ev *MemberEvent) { n.system.Root.Send(n.root, ev) }
 
 // Failed is closed when the node can no longer serve; Err says why.
 func (n *Node) Failed() <-chan struct{} { return n.failed }
@@ -170,22 +218,18 @@ func (n *Node) fail(err error) {
 	})
 }
 
-// View returns the API server's view of its ranks.
-func (n *Node) View(ctx context.Context) (*APIServerView, error) {
-	timeout := 5 * time.Second
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
-	}
-	res, err := n.system.Root.RequestFuture(n.apiServer, &getView{}, timeout).Result()
-	if err != nil {
-		return nil, fmt.Errorf("actors: the API server did not answer: %w", err)
-	}
-	return res.(*APIServerView), nil
-}
-
 // Stop stops every actor of the node and waits for them.
 func (n *Node) Stop() {
-	_ = n.system.Root.StopFuture(n.root).Wait()
+	if n.root != nil {
+		_ = n.system.Root.StopFuture(n.root).Wait()
+	}
+	n.shutdownSystem()
+}
+
+func (n *Node) shutdownSystem() {
+	if n.remote != nil {
+		n.remote.Shutdown(true)
+	}
 	n.system.Shutdown()
 }
 
@@ -195,18 +239,70 @@ func (n *Node) System() *actor.ActorSystem { return n.system }
 // APIServer is the API server actor's PID.
 func (n *Node) APIServer() *actor.PID { return n.apiServer }
 
+// MemberEventKind says what happened to a member.
+type MemberEventKind int
+
+// The kinds of membership change.
+const (
+	MemberJoined MemberEventKind = iota
+	MemberUpdated
+	MemberLeft
+)
+
+// MemberEvent is a membership change, as gossip saw it.
+type MemberEvent struct {
+	Kind MemberEventKind
+	Name string
+	Meta *dpnodev1.NodeMeta
+}
+
 type getChildren struct{}
 
 type children struct {
-	apiServer, coordinator *actor.PID
+	apiServer *actor.PID
 }
 
-// nodeActor is the root of a node: it starts the coordinator and the API
-// server and restarts them if they crash.
+// nodeUp and nodeDown tell the API server about other nodes.
+type nodeUp struct {
+	name string
+	meta *dpnodev1.NodeMeta
+}
+
+type nodeDown struct {
+	name string
+}
+
+// coordinatorStarted tells the node that its coordinator (re)started and
+// must be told to everyone.
+type coordinatorStarted struct{}
+
+type getMembers struct{}
+
+// membersView is the node actor's part of the cluster view.
+type membersView struct {
+	members  map[string]*dpnodev1.NodeMeta
+	election dp.Election
+	running  bool
+}
+
+// nodeActor is the root of a node. It owns the membership as seen by this
+// node: it elects the coordinator (the oldest live member, with a
+// majority of the ranks), runs it when the lot falls here, tells the API
+// server and the other nodes where it runs, and turns a gossip death into
+// protoactor Terminated messages for anyone watching the dead node's
+// actors.
 type nodeActor struct {
 	cfg      NodeConfig
+	self     *dpnodev1.NodeMeta
 	metrics  *Metrics
-	children children
+	members  map[string]*dpnodev1.NodeMeta
+	api      *actor.PID
+	coord    *actor.PID
+	election dp.Election
+	// coordAddr and coordEpoch are what the API server was told last.
+	coordAddr  string
+	coordEpoch uint64
+	coordTold  bool
 	// fail reports that the node cannot serve any more.
 	fail     func(error)
 	stopping bool
@@ -219,29 +315,35 @@ func (n *nodeActor) Receive(ctx actor.Context) {
 	case *actor.Stopping:
 		n.stopping = true
 	case *actor.Terminated:
-		// A child stops only with the node, or when its supervisor gives
-		// up on it after repeated crashes; then the node is broken, and
-		// saying so (the process exits) beats serving nothing.
-		if !n.stopping {
-			n.cfg.Logger.Error("an actor the node needs crashed too often and was stopped", "actor", msg.Who.Id)
-			n.fail(fmt.Errorf("%w (%s crashed too often)", ErrAPIServerGone, msg.Who.Id))
+		n.terminated(ctx, msg.Who)
+	case *MemberEvent:
+		n.memberEvent(ctx, msg)
+	case *coordinatorStarted:
+		n.announceCoordinator(ctx)
+	case *dpnodev1.CoordinatorChanged:
+		// Another node's coordinator restarted in place: same epoch, but
+		// its subscribers and stats are gone.
+		if msg.Epoch >= n.coordEpoch {
+			ctx.Send(n.api, msg)
 		}
 	case *getChildren:
-		ctx.Respond(&n.children)
+		ctx.Respond(&children{apiServer: n.api})
+	case *getMembers:
+		ctx.Respond(&membersView{members: clone(n.members), election: n.election, running: n.coord != nil})
 	}
+}
+
+func clone[K comparable, V any](m map[K]V) map[K]V {
+	c := make(map[K]V, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
 }
 
 func (n *nodeActor) start(ctx actor.Context) {
 	cfg := n.cfg
-	coord, err := ctx.SpawnNamed(actor.PropsFromProducer(NewCoordinatorProducer(CoordinatorConfig{
-		Epoch:   1,
-		Publish: cfg.Publish,
-		Metrics: n.metrics,
-		Logger:  cfg.Logger,
-	})), "coordinator")
-	if err != nil {
-		panic(fmt.Errorf("actors: spawning the coordinator: %w", err))
-	}
+	n.members = map[string]*dpnodev1.NodeMeta{cfg.Name: n.self}
 	engines := make([]EngineConfig, cfg.Topology.LocalSize)
 	for i := range engines {
 		rank, dev := cfg.Topology.StartRank+i, cfg.Devices[i]
@@ -250,24 +352,128 @@ func (n *nodeActor) start(ctx actor.Context) {
 			Device:      fmt.Sprintf("%d:%s (%s)", dev.Index, dev.UUID, dev.Name),
 			Scheduler:   cfg.Scheduler,
 			NewExecutor: func() (engine.Executor, error) { return cfg.NewExecutor(rank, dev) },
-			Coordinator: coord,
 			Logger:      cfg.Logger.With("rank", rank),
 		}
 	}
 	api, err := ctx.SpawnNamed(actor.PropsFromProducer(NewAPIServerProducer(APIServerConfig{
-		Engines:       engines,
-		Coordinator:   coord,
-		Policy:        cfg.Policy,
-		Restart:       cfg.Restart,
-		ParkTimeout:   cfg.ParkTimeout,
-		MaxMigrations: cfg.MaxMigrations,
-		Metrics:       n.metrics,
-		Logger:        cfg.Logger,
+		Node:             cfg.Name,
+		Engines:          engines,
+		DataParallelSize: cfg.Topology.Size,
+		BalanceRemote:    cfg.Topology.BalancesRemote(),
+		Policy:           cfg.Policy,
+		Restart:          cfg.Restart,
+		ParkTimeout:      cfg.ParkTimeout,
+		MaxMigrations:    cfg.MaxMigrations,
+		Metrics:          n.metrics,
+		Logger:           cfg.Logger,
 	})), "api-server")
 	if err != nil {
 		panic(fmt.Errorf("actors: spawning the API server: %w", err))
 	}
-	n.children = children{apiServer: api, coordinator: coord}
+	n.api = api
+	n.reelect(ctx)
+}
+
+func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
+	if ev.Name == n.cfg.Name || ev.Meta == nil {
+		return
+	}
+	switch ev.Kind {
+	case MemberJoined, MemberUpdated:
+		n.members[ev.Name] = ev.Meta
+		ctx.Send(n.api, &nodeUp{name: ev.Name, meta: ev.Meta})
+	case MemberLeft:
+		if _, known := n.members[ev.Name]; !known {
+			return
+		}
+		delete(n.members, ev.Name)
+		// Gossip declared the node dead or gone: whoever watches its
+		// actors hears Terminated now, not when a TCP timeout fires (a
+		// hung process keeps its connections open).
+		if addr := ev.Meta.ActorAddress; addr != "" {
+			ctx.ActorSystem().EventStream.Publish(&remote.EndpointTerminatedEvent{Address: addr})
+		}
+		ctx.Send(n.api, &nodeDown{name: ev.Name})
+	}
+	n.reelect(ctx)
+}
+
+// reelect runs the election on the members this node sees, starts or
+// stops the local coordinator to match, and tells the API server where the
+// coordinator runs when that changed.
+func (n *nodeActor) reelect(ctx actor.Context) {
+	var ms []dp.Member
+	for name, m := range n.members {
+		ms = append(ms, dp.Member{Name: name, Boot: m.BootUnixNano, StartRank: int(m.StartRank), LocalSize: int(m.LocalSize)})
+	}
+	e := dp.Elect(ms, n.cfg.Topology.Size)
+	n.election = e
+	mine := e.Quorum && e.Leader.Name == n.cfg.Name
+	switch {
+	case mine && n.coord == nil:
+		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(NewCoordinatorProducer(CoordinatorConfig{
+			Epoch:   e.Epoch,
+			Publish: n.cfg.Publish,
+			Metrics: n.metrics,
+			Logger:  n.cfg.Logger,
+		})), "coordinator")
+		if err != nil {
+			// The previous incarnation is still stopping; Terminated
+			// brings us back here.
+			n.cfg.Logger.Debug("coordinator not started yet", "error", err)
+		} else {
+			n.coord = pid
+			n.cfg.Logger.Info("this node runs the coordinator", "epoch", e.Epoch, "ranks_seen", e.RanksSeen)
+		}
+	case !mine && n.coord != nil:
+		n.cfg.Logger.Info("this node stops its coordinator", "leader", e.Leader.Name, "quorum", e.Quorum)
+		ctx.Stop(n.coord)
+		n.coord = nil
+	}
+	addr := ""
+	if e.Quorum {
+		addr = n.members[e.Leader.Name].ActorAddress
+	}
+	if !n.coordTold || addr != n.coordAddr || e.Epoch != n.coordEpoch {
+		n.coordTold, n.coordAddr, n.coordEpoch = true, addr, e.Epoch
+		ctx.Send(n.api, &dpnodev1.CoordinatorChanged{ActorAddress: addr, Epoch: e.Epoch})
+	}
+}
+
+// announceCoordinator tells this node's API server and every other node
+// that the coordinator here (re)started, so that they subscribe to it and
+// their engines report to it afresh.
+func (n *nodeActor) announceCoordinator(ctx actor.Context) {
+	if n.coord == nil {
+		return
+	}
+	msg := &dpnodev1.CoordinatorChanged{ActorAddress: n.self.ActorAddress, Epoch: n.election.Epoch}
+	ctx.Send(n.api, msg)
+	for name, m := range n.members {
+		if name != n.cfg.Name {
+			ctx.Send(actor.NewPID(m.ActorAddress, nodeID), msg)
+		}
+	}
+}
+
+func (n *nodeActor) terminated(ctx actor.Context, who *actor.PID) {
+	if n.stopping {
+		return
+	}
+	if n.api != nil && who.Equal(n.api) {
+		// The API server stops only when its supervisor gives up on it
+		// after repeated crashes; then the node is broken, and saying so
+		// (the process exits) beats serving nothing.
+		n.cfg.Logger.Error("the API server crashed too often and was stopped")
+		n.fail(fmt.Errorf("%w (it crashed too often)", ErrAPIServerGone))
+		return
+	}
+	// A coordinator we stopped, or one that crashed too often: the
+	// election decides whether one runs here again.
+	if n.coord != nil && who.Equal(n.coord) {
+		n.coord = nil
+	}
+	n.reelect(ctx)
 }
 
 // minLevel drops records below a level.

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,14 +75,12 @@ func Start(o Options) (*Running, error) {
 		ln.Close()
 		return nil, err
 	}
-	hostname, _ := os.Hostname()
 	api, err := httpapi.New(httpapi.Config{
 		Backend:     node,
 		Tokenizer:   tok,
 		MaxModelLen: p.scheduler.MaxModelLen,
 		APIKey:      o.APIKey,
 		Gatherer:    reg,
-		Cluster:     httpapi.ClusterInfo{NodeName: hostname, HTTPAddress: ln.Addr().String(), BootTime: time.Now()},
 		Version:     o.Version,
 		Logger:      o.Logger,
 	})

@@ -460,16 +460,25 @@ func TestInfoEndpoints(t *testing.T) {
 		t.Fatalf("/health %d %+v", code, health)
 	}
 	var view struct {
-		DataParallelSize int `json:"data_parallel_size"`
-		Ranks            []struct {
-			Rank  int  `json:"rank"`
-			Ready bool `json:"ready"`
+		Self             string `json:"self"`
+		DataParallelSize int    `json:"data_parallel_size"`
+		Nodes            []struct {
+			Name string `json:"name"`
+		} `json:"nodes"`
+		Ranks []struct {
+			Rank  int    `json:"rank"`
+			Ready bool   `json:"ready"`
+			Node  string `json:"node"`
 		} `json:"ranks"`
-		Coordinator *struct {
-			Epoch uint64 `json:"epoch"`
+		Coordinator struct {
+			Node        string `json:"node"`
+			Epoch       uint64 `json:"epoch"`
+			RunningHere bool   `json:"running_here"`
 		} `json:"coordinator"`
 	}
-	if code := ts.getJSON(t, "/v1/cluster", &view); code != 200 || view.DataParallelSize != 2 || len(view.Ranks) != 2 || !view.Ranks[1].Ready || view.Coordinator == nil || view.Coordinator.Epoch != 1 {
+	code := ts.getJSON(t, "/v1/cluster", &view)
+	if code != 200 || view.DataParallelSize != 2 || len(view.Ranks) != 2 || !view.Ranks[1].Ready || view.Ranks[1].Node != view.Self ||
+		len(view.Nodes) != 1 || view.Coordinator.Node != view.Self || view.Coordinator.Epoch == 0 || !view.Coordinator.RunningHere {
 		t.Fatalf("/v1/cluster %d %+v", code, view)
 	}
 	resp, err := ts.http.Get(ts.base + "/metrics")

@@ -131,6 +131,8 @@ type choice struct {
 	// still turn out to be the start of a stop string is sent.
 	sent   int
 	tokens int
+	// rank served the latest tokens; -1 before the first.
+	rank int
 	// cached counts the prompt tokens found in the prefix cache.
 	cached int
 	finish string
@@ -225,7 +227,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 			}
 			sp.Seed = &seed
 		}
-		choices[i] = &choice{subID: fmt.Sprintf("%s-%d", g.id, i), prompt: pi}
+		choices[i] = &choice{subID: fmt.Sprintf("%s-%d", g.id, i), prompt: pi, rank: -1}
 		s.cfg.Backend.Submit(&actors.Submission{
 			ID: choices[i].subID, Prompt: g.prompts[pi].tokens, Sampling: sp,
 			Rank: g.rank, Stream: stream, Index: i, Arrival: arrival,
@@ -235,7 +237,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 	defer func() {
 		for _, c := range choices {
 			if !c.done {
-				s.cfg.Backend.Abort(c.subID, engine.FinishedAbort)
+				s.cfg.Backend.Abort(c.subID)
+				s.cfg.Backend.Finished(actors.Outcome{Rank: c.rank, Reason: engine.FinishedAbort})
 			}
 		}
 	}()
@@ -259,6 +262,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 				continue
 			}
 			if ev.Err != nil || ev.Finish == engine.FinishedError {
+				c.done = true
 				e := eventError(ev.Err)
 				if out == nil || !out.started {
 					writeError(w, e)
@@ -269,6 +273,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 				return
 			}
 			c.tokens += len(ev.Tokens)
+			if len(ev.Tokens) > 0 {
+				c.rank = ev.Rank
+			}
 			if c.cached == 0 {
 				c.cached = ev.NumCachedTokens
 			}
@@ -279,14 +286,15 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 				// (it still counts as a completion token).
 				text = text[:n-1]
 			}
+			reason := ev.Finish
 			if len(text) > 0 && c.addText(s.cfg.Tokenizer.Decode(text), g.stops, g.includeStop) {
-				c.finish, c.done = "stop", true
-				s.cfg.Backend.Abort(c.subID, engine.FinishedStop)
-			} else if ev.Finish != engine.NotFinished {
-				c.finish, c.done = finishName(ev.Finish), true
+				reason = engine.FinishedStop
+				s.cfg.Backend.Abort(c.subID)
 			}
-			if c.done {
+			if reason != engine.NotFinished {
+				c.finish, c.done = finishName(reason), true
 				remaining--
+				s.cfg.Backend.Finished(actors.Outcome{Rank: c.rank, Reason: reason, PromptTokens: len(g.prompts[c.prompt].tokens), Latency: time.Since(arrival)})
 			}
 			touched = append(touched, ev)
 		}

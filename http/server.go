@@ -28,8 +28,10 @@ type Backend interface {
 	Model() string
 	Topology() dp.Topology
 	Submit(*actors.Submission)
-	Abort(id string, reason engine.FinishReason)
-	View(ctx context.Context) (*actors.APIServerView, error)
+	Abort(id string)
+	// Finished records how a request ended for its client.
+	Finished(actors.Outcome)
+	View(ctx context.Context) (*actors.ClusterView, error)
 }
 
 var _ Backend = (*actors.Node)(nil)
@@ -48,10 +50,8 @@ type Config struct {
 	MaxBodyBytes int64
 	// Gatherer is what /metrics exposes.
 	Gatherer prometheus.Gatherer
-	// Cluster describes the node and the deployment for /v1/cluster.
-	Cluster ClusterInfo
-	Version string
-	Logger  *slog.Logger
+	Version  string
+	Logger   *slog.Logger
 }
 
 // DefaultMaxBodyBytes is Config.MaxBodyBytes's default.
@@ -178,7 +178,7 @@ func (s *Server) pinnedRank(r *http.Request) (int, *apiError) {
 	if err != nil || rank < 0 || rank >= topo.Size {
 		return 0, badRequest(fmt.Sprintf("X-data-parallel-rank must be a rank from 0 to %d, got %q", topo.Size-1, h), "X-data-parallel-rank")
 	}
-	if !topo.Hosts(rank) {
+	if !topo.Hosts(rank) && !topo.BalancesRemote() {
 		return 0, badRequest(fmt.Sprintf("rank %d is not served by this node, which serves ranks %d to %d", rank, topo.StartRank, topo.StartRank+topo.LocalSize-1), "X-data-parallel-rank")
 	}
 	return rank, nil
@@ -195,8 +195,8 @@ func (s *Server) version(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version})
 }
 
-// health is 200 while at least one local rank takes requests ("ok" when
-// all do, "degraded" otherwise) and 503 when none does.
+// health is 200 while at least one rank this node balances over takes
+// requests ("ok" when all do, "degraded" otherwise) and 503 when none does.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
@@ -205,18 +205,21 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "error": err.Error()})
 		return
 	}
-	ready := 0
+	ready, balanced := 0, 0
 	for _, rk := range v.Ranks {
-		if rk.Ready {
-			ready++
+		if rk.Balanced {
+			balanced++
+			if rk.Ready {
+				ready++
+			}
 		}
 	}
 	status, code := "ok", http.StatusOK
 	switch {
 	case ready == 0:
 		status, code = "unavailable", http.StatusServiceUnavailable
-	case ready < len(v.Ranks):
+	case ready < balanced:
 		status = "degraded"
 	}
-	writeJSON(w, code, map[string]any{"status": status, "ranks_ready": ready, "ranks": len(v.Ranks)})
+	writeJSON(w, code, map[string]any{"status": status, "ranks_ready": ready, "ranks": balanced})
 }

@@ -1,0 +1,259 @@
+package actors
+
+import (
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
+)
+
+// rankState is an API server's view of one rank.
+type rankState struct {
+	rank int
+	// local ranks are this API server's children; the others are hosted by
+	// node, and reached through the network.
+	local bool
+	node  string
+	cfg   EngineConfig
+	pid   *actor.PID
+	// epoch is the engine incarnation requests are stamped with. A local
+	// rank shares it with the engine's producer.
+	epoch    *atomic.Uint64
+	ready    bool
+	inflight int
+	stats    *dpnodev1.EngineStats
+	// crashes and timer are a local rank's restart bookkeeping.
+	crashes []time.Time
+	timer   *time.Timer
+	metrics *rankMetrics
+}
+
+// Actor names, so that a node can address another node's actors.
+const (
+	nodeID        = "node"
+	apiServerID   = nodeID + "/api-server"
+	coordinatorID = nodeID + "/coordinator"
+)
+
+func engineID(rank int) string { return fmt.Sprintf("%s/engine-%d", apiServerID, rank) }
+
+func (a *APIServerActor) start(ctx actor.Context) {
+	a.self, a.root = ctx.Self(), ctx.ActorSystem().Root
+	for _, ec := range a.cfg.Engines {
+		r := &rankState{rank: ec.Rank, local: true, node: a.cfg.Node, cfg: ec, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(ec.Rank)}
+		r.epoch.Store(1)
+		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(NewEngineProducer(ec, r.epoch)), fmt.Sprintf("engine-%d", ec.Rank))
+		if err != nil {
+			panic(fmt.Errorf("actors: spawning the engine of rank %d: %w", ec.Rank, err))
+		}
+		r.pid = pid
+		a.addRank(r)
+	}
+	if len(a.cfg.Engines) == 0 {
+		a.allReady = true
+	}
+}
+
+func (a *APIServerActor) addRank(r *rankState) {
+	a.ranks = append(a.ranks, r)
+	a.byRank[r.rank] = r
+	slices.SortStableFunc(a.ranks, func(x, y *rankState) int { return x.rank - y.rank })
+}
+
+// HandleFailure makes the API server the supervisor of its engines (an
+// actor that implements actor.SupervisorStrategy supervises its own
+// children). It runs on the API server's mailbox goroutine; the work is
+// done in Receive, where the actor can send with itself as sender.
+func (a *APIServerActor) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, _ *actor.RestartStatistics, reason, _ any) {
+	for _, r := range a.ranks {
+		if r.local && r.pid.Equal(child) {
+			a.root.Send(a.self, &engineFailed{rank: r.rank, reason: reason, restart: func() { sup.RestartChildren(child) }})
+			return
+		}
+	}
+	sup.EscalateFailure(reason, nil)
+}
+
+func (a *APIServerActor) engineReady(ctx actor.Context, msg *dpnodev1.EngineReady) {
+	r := a.byRank[int(msg.Rank)]
+	if r == nil || !r.local || msg.EngineEpoch != r.epoch.Load() {
+		return
+	}
+	r.ready = true
+	r.metrics.ready.Set(1)
+	// A restarted engine starts without a coordinator.
+	ctx.Send(r.pid, &setCoordinator{pid: a.coordinator})
+	a.tellSubscribers(ctx, r)
+	if !a.allReady && !slices.ContainsFunc(a.ranks, func(r *rankState) bool { return r.local && !r.ready }) {
+		a.allReady = true
+		for _, w := range a.readyWaiters {
+			ctx.Send(w, &ready{})
+		}
+		a.readyWaiters = nil
+	}
+	a.unpark(ctx)
+}
+
+// engineFailed moves a crashed engine's requests elsewhere and schedules
+// its restart. The epoch goes up first, so that the new incarnation drops
+// the requests still queued in its mailbox: they are being moved here.
+func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
+	r := a.byRank[msg.rank]
+	r.epoch.Add(1)
+	r.ready = false
+	r.stats = nil
+	r.metrics.ready.Set(0)
+	r.metrics.restarts.Inc()
+	r.metrics.running.Set(0)
+	r.metrics.waiting.Set(0)
+	r.metrics.kvUsage.Set(0)
+
+	now := time.Now()
+	r.crashes = slices.DeleteFunc(append(r.crashes, now), func(t time.Time) bool { return now.Sub(t) > a.cfg.Restart.Window })
+	delay := a.cfg.Restart.delay(len(r.crashes))
+	a.tellSubscribers(ctx, r)
+	moved := a.move(ctx, r)
+	a.cfg.Logger.Error("engine crashed; restarting it and moving its requests",
+		"rank", r.rank, "reason", fmt.Sprint(msg.reason), "requests", moved, "restart_in", delay)
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	r.timer = time.AfterFunc(delay, msg.restart)
+}
+
+func (a *APIServerActor) applyStats(r *rankState, st *dpnodev1.EngineStats) {
+	prev := r.stats
+	r.stats = st
+	if !r.local {
+		// Only a node's own engines are in its metrics.
+		return
+	}
+	m := r.metrics
+	// Counters restart with each engine incarnation.
+	if prev == nil || prev.EngineEpoch != st.EngineEpoch {
+		prev = &dpnodev1.EngineStats{}
+	}
+	m.steps.Add(float64(st.Step - prev.Step))
+	m.prefixQueries.Add(float64(st.PrefixCacheQueries - prev.PrefixCacheQueries))
+	m.prefixHits.Add(float64(st.PrefixCacheHits - prev.PrefixCacheHits))
+	m.preemptions.Add(float64(st.NumPreemptions - prev.NumPreemptions))
+	m.running.Set(float64(st.NumRunning))
+	m.waiting.Set(float64(st.NumWaiting))
+	m.kvUsage.Set(float64(st.KvCacheUsage))
+}
+
+func localStatus(r *rankState) *dpnodev1.RankStatus {
+	return &dpnodev1.RankStatus{Rank: uint32(r.rank), EngineEpoch: r.epoch.Load(), Ready: r.ready}
+}
+
+// subscribeRanks registers another node's API server for this node's rank
+// statuses.
+func (a *APIServerActor) subscribeRanks(ctx actor.Context) {
+	s := ctx.Sender()
+	if s == nil {
+		return
+	}
+	if !slices.ContainsFunc(a.subscribers, s.Equal) {
+		a.subscribers = append(a.subscribers, s)
+		ctx.Watch(s)
+	}
+	var st dpnodev1.RankStatuses
+	for _, r := range a.ranks {
+		if r.local {
+			st.Ranks = append(st.Ranks, localStatus(r))
+		}
+	}
+	ctx.Send(s, &st)
+}
+
+func (a *APIServerActor) tellSubscribers(ctx actor.Context, r *rankState) {
+	st := localStatus(r)
+	for _, s := range a.subscribers {
+		ctx.Send(s, st)
+	}
+}
+
+// nodeUp: another node joined. In internal mode its ranks join the
+// balancing set once its API server says they are ready.
+func (a *APIServerActor) nodeUp(ctx actor.Context, msg *nodeUp) {
+	if !a.cfg.BalanceRemote || msg.meta.LocalSize == 0 || a.hosts[msg.name] != nil {
+		return
+	}
+	host := actor.NewPID(msg.meta.ActorAddress, apiServerID)
+	a.hosts[msg.name] = host
+	ctx.Watch(host)
+	ctx.Request(host, &dpnodev1.SubscribeRanks{})
+}
+
+// remoteStatuses applies what another node's API server says of its
+// ranks. A rank whose engine changed (a new epoch, or a new incarnation of
+// the node) lost the requests it held: they move.
+func (a *APIServerActor) remoteStatuses(ctx actor.Context, from *actor.PID, statuses []*dpnodev1.RankStatus) {
+	node := ""
+	for name, pid := range a.hosts {
+		if pid.Equal(from) {
+			node = name
+		}
+	}
+	if node == "" {
+		return
+	}
+	unpark := false
+	for _, st := range statuses {
+		rank := int(st.Rank)
+		r := a.byRank[rank]
+		if r != nil && r.local {
+			a.cfg.Logger.Error("another node claims a rank of this node; ignoring it", "rank", rank, "node", node)
+			continue
+		}
+		if r == nil {
+			r = &rankState{rank: rank, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(rank)}
+			a.addRank(r)
+		}
+		if r.node != node || r.epoch.Load() != st.EngineEpoch {
+			if n := a.move(ctx, r); n > 0 {
+				a.cfg.Logger.Warn("a remote engine was replaced; moved its requests", "rank", rank, "node", node, "requests", n)
+			}
+			r.node, r.stats = node, nil
+			r.pid = actor.NewPID(from.Address, engineID(rank))
+			r.epoch.Store(st.EngineEpoch)
+		}
+		r.ready = st.Ready
+		unpark = unpark || st.Ready
+	}
+	if unpark {
+		a.unpark(ctx)
+	}
+}
+
+// nodeGone takes a node's ranks out of balancing and moves their requests.
+func (a *APIServerActor) nodeGone(ctx actor.Context, name string) {
+	host := a.hosts[name]
+	if host == nil {
+		return
+	}
+	delete(a.hosts, name)
+	ctx.Unwatch(host)
+	for _, r := range a.ranks {
+		if !r.local && r.node == name {
+			r.ready, r.stats = false, nil
+			if n := a.move(ctx, r); n > 0 {
+				a.cfg.Logger.Warn("a node left; moved the requests on its ranks", "node", name, "rank", r.rank, "requests", n)
+			}
+		}
+	}
+}
+
+func (a *APIServerActor) terminated(ctx actor.Context, who *actor.PID) {
+	for name, pid := range a.hosts {
+		if pid.Equal(who) {
+			a.nodeGone(ctx, name)
+			return
+		}
+	}
+	a.subscribers = slices.DeleteFunc(a.subscribers, who.Equal)
+}

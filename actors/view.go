@@ -1,0 +1,153 @@
+package actors
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
+)
+
+// RankView is one rank of the cluster as a node sees it.
+type RankView struct {
+	Rank int    `json:"rank"`
+	Node string `json:"node"`
+	// Local: hosted by this node. Balanced: this node's API server sends
+	// it requests. A rank that is neither is known from the coordinator's
+	// load snapshot only.
+	Local    bool    `json:"local"`
+	Balanced bool    `json:"balanced"`
+	Ready    bool    `json:"ready"`
+	InFlight int     `json:"in_flight"`
+	Waiting  int     `json:"waiting"`
+	Running  int     `json:"running"`
+	KVUsage  float64 `json:"kv_cache_usage"`
+	Restarts int     `json:"restarts_last_window"`
+	Steps    uint64  `json:"steps"`
+	Device   string  `json:"device,omitempty"`
+}
+
+// NodeView is one member of the cluster.
+type NodeView struct {
+	Name         string    `json:"name"`
+	Self         bool      `json:"self"`
+	ActorAddress string    `json:"actor_address"`
+	HTTPAddress  string    `json:"http_address,omitempty"`
+	BootTime     time.Time `json:"boot_time"`
+	Mode         string    `json:"mode"`
+	Headless     bool      `json:"headless"`
+	FirstRank    int       `json:"first_rank"`
+	LocalRanks   int       `json:"local_ranks"`
+}
+
+// CoordinatorView says where the coordinator runs, as this node sees it.
+type CoordinatorView struct {
+	// Node runs the coordinator; empty when none does (no majority).
+	Node      string `json:"node"`
+	Epoch     uint64 `json:"epoch"`
+	Quorum    bool   `json:"quorum"`
+	RanksSeen int    `json:"ranks_seen"`
+	// RunningHere is true on the node that runs it.
+	RunningHere bool `json:"running_here"`
+	// The last load snapshot this node received from it.
+	SnapshotSeq  uint64    `json:"snapshot_seq"`
+	LastSnapshot time.Time `json:"last_snapshot,omitzero"`
+}
+
+// ClusterView is the whole cluster as one node sees it: /v1/cluster.
+type ClusterView struct {
+	Self             string          `json:"self"`
+	Model            string          `json:"model"`
+	Mode             string          `json:"mode"`
+	DataParallelSize int             `json:"data_parallel_size"`
+	Nodes            []NodeView      `json:"nodes"`
+	Ranks            []RankView      `json:"ranks"`
+	Coordinator      CoordinatorView `json:"coordinator"`
+	Parked           int             `json:"parked_requests"`
+	InFlight         int             `json:"in_flight_requests"`
+}
+
+// apiServerView is the API server's part of the cluster view.
+type apiServerView struct {
+	ranks    []RankView
+	parked   int
+	inFlight int
+	snapshot *dpnodev1.LoadSnapshot
+}
+
+func (a *APIServerActor) view() *apiServerView {
+	now := time.Now()
+	v := &apiServerView{parked: len(a.parked), inFlight: len(a.calls), snapshot: a.snapshot}
+	for _, r := range a.ranks {
+		rv := RankView{Rank: r.rank, Node: r.node, Local: r.local, Balanced: r.local || a.cfg.BalanceRemote,
+			Ready: r.ready, InFlight: r.inflight, Device: r.cfg.Device}
+		for _, t := range r.crashes {
+			if now.Sub(t) <= a.cfg.Restart.Window {
+				rv.Restarts++
+			}
+		}
+		if r.stats != nil {
+			rv.Waiting, rv.Running, rv.KVUsage, rv.Steps = int(r.stats.NumWaiting), int(r.stats.NumRunning), float64(r.stats.KvCacheUsage), r.stats.Step
+		}
+		v.ranks = append(v.ranks, rv)
+	}
+	return v
+}
+
+// View is the cluster as this node sees it: its members, every rank with
+// its load (live for the ranks it balances over, from the coordinator's
+// snapshot for the others), and the coordinator.
+func (n *Node) View(ctx context.Context) (*ClusterView, error) {
+	timeout := 5 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	res, err := n.system.Root.RequestFuture(n.root, &getMembers{}, timeout).Result()
+	if err != nil {
+		return nil, fmt.Errorf("actors: the node actor did not answer: %w", err)
+	}
+	mv := res.(*membersView)
+	res, err = n.system.Root.RequestFuture(n.apiServer, &getView{}, timeout).Result()
+	if err != nil {
+		return nil, fmt.Errorf("actors: the API server did not answer: %w", err)
+	}
+	av := res.(*apiServerView)
+
+	topo := n.cfg.Topology
+	v := &ClusterView{Self: n.cfg.Name, Model: n.cfg.Model, Mode: topo.Mode.String(), DataParallelSize: topo.Size,
+		Ranks: av.ranks, Parked: av.parked, InFlight: av.inFlight}
+	owner := map[int]string{}
+	for name, m := range mv.members {
+		v.Nodes = append(v.Nodes, NodeView{Name: name, Self: name == n.cfg.Name, ActorAddress: m.ActorAddress, HTTPAddress: m.HttpAddress,
+			BootTime: time.Unix(0, m.BootUnixNano), Mode: m.Mode, Headless: m.Headless, FirstRank: int(m.StartRank), LocalRanks: int(m.LocalSize)})
+		for r := int(m.StartRank); r < int(m.StartRank+m.LocalSize); r++ {
+			owner[r] = name
+		}
+	}
+	slices.SortFunc(v.Nodes, func(a, b NodeView) int { return a.FirstRank - b.FirstRank })
+
+	e := mv.election
+	v.Coordinator = CoordinatorView{Epoch: e.Epoch, Quorum: e.Quorum, RanksSeen: e.RanksSeen, RunningHere: mv.running}
+	if e.Quorum {
+		v.Coordinator.Node = e.Leader.Name
+	}
+	if snap := av.snapshot; snap != nil {
+		v.Coordinator.SnapshotSeq, v.Coordinator.LastSnapshot = snap.Seq, time.Unix(0, snap.PublishedUnixNano)
+		for _, l := range snap.Ranks {
+			if slices.ContainsFunc(v.Ranks, func(r RankView) bool { return r.Rank == int(l.Rank) }) {
+				continue
+			}
+			v.Ranks = append(v.Ranks, RankView{Rank: int(l.Rank), Node: owner[int(l.Rank)], Ready: owner[int(l.Rank)] != "",
+				Waiting: int(l.NumWaiting), Running: int(l.NumRunning), KVUsage: float64(l.KvCacheUsage)})
+		}
+	}
+	// Ranks of members the coordinator has not reported yet.
+	for r, name := range owner {
+		if !slices.ContainsFunc(v.Ranks, func(rv RankView) bool { return rv.Rank == r }) {
+			v.Ranks = append(v.Ranks, RankView{Rank: r, Node: name})
+		}
+	}
+	slices.SortFunc(v.Ranks, func(a, b RankView) int { return a.Rank - b.Rank })
+	return v, nil
+}

@@ -163,7 +163,9 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 	case *dpnodev1.CoordinatorChanged:
 		a.coordinatorChanged(ctx, msg)
 	case *dpnodev1.LoadSnapshot:
-		if msg.CoordinatorEpoch >= a.coordEpoch {
+		// Only the coordinator this node elected is heard: a deposed one
+		// (an older epoch, or one across a healed partition) is not.
+		if a.coordinator != nil && msg.CoordinatorEpoch == a.coordEpoch {
 			a.snapshot = msg
 		}
 	case *dpnodev1.SubscribeRanks:
@@ -419,9 +421,13 @@ func (a *APIServerActor) move(ctx actor.Context, r *rankState) int {
 	return len(moved)
 }
 
+// coordinatorChanged follows the node actor's election: every node follows
+// the coordinator its own membership view elects, and hears only that
+// one. In a failover the new coordinator's epoch is the higher (it booted
+// after the dead one, the oldest).
 func (a *APIServerActor) coordinatorChanged(ctx actor.Context, msg *dpnodev1.CoordinatorChanged) {
-	if msg.Epoch < a.coordEpoch {
-		return
+	if msg.Epoch != a.coordEpoch {
+		a.snapshot = nil
 	}
 	a.coordEpoch = msg.Epoch
 	a.coordinator = nil

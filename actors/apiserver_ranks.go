@@ -167,13 +167,15 @@ func (a *APIServerActor) subscribeRanks(ctx actor.Context) {
 			st.Ranks = append(st.Ranks, localStatus(r))
 		}
 	}
-	ctx.Send(s, &st)
+	// Sent with this API server as sender: that is how the subscriber
+	// knows which node speaks.
+	ctx.Request(s, &st)
 }
 
 func (a *APIServerActor) tellSubscribers(ctx actor.Context, r *rankState) {
 	st := localStatus(r)
 	for _, s := range a.subscribers {
-		ctx.Send(s, st)
+		ctx.Request(s, st)
 	}
 }
 

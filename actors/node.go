@@ -45,6 +45,10 @@ type NodeConfig struct {
 	Remote *remote.Config
 	// HTTPAddress is gossiped for views; empty for a headless node.
 	HTTPAddress string
+	// AwaitMembership holds the coordinator election until
+	// MembershipReady: a node that has not yet heard of the cluster it
+	// joins would elect itself. Off for a node that has no peers.
+	AwaitMembership bool
 	// Registry receives the node's metrics.
 	Registry prometheus.Registerer
 	Logger   *slog.Logger
@@ -198,6 +202,10 @@ func (n *Node) Finished(o Outcome) { n.metrics.recordOutcome(o) }
 // may be called from the membership library's own goroutines.
 func (n *Node) MemberEvent(ev *MemberEvent) { n.system.Root.Send(n.root, ev) }
 
+// MembershipReady tells the node that it has joined the cluster (or
+// started a new one) and knows its members: the election may run.
+func (n *Node) MembershipReady() { n.system.Root.Send(n.root, &membershipReady{}) }
+
 // Failed is closed when the node can no longer serve; Err says why.
 func (n *Node) Failed() <-chan struct{} { return n.failed }
 
@@ -210,6 +218,9 @@ func (n *Node) Err() error {
 		return nil
 	}
 }
+
+// Fail marks the node as unable to serve; the process then exits with err.
+func (n *Node) Fail(err error) { n.fail(err) }
 
 func (n *Node) fail(err error) {
 	n.failOnce.Do(func() {
@@ -228,7 +239,14 @@ func (n *Node) Stop() {
 
 func (n *Node) shutdownSystem() {
 	if n.remote != nil {
-		n.remote.Shutdown(true)
+		// Not remote.Shutdown(true): its endpoint manager clears a map
+		// that a connection lost at the same moment (a peer stopping too)
+		// still reads, a data race that can panic. Stopping the server,
+		// then the endpoint actors, closes every connection without it.
+		n.remote.Shutdown(false)
+		for _, id := range []string{"EndpointSupervisor", "activator"} {
+			_ = n.system.Root.StopFuture(n.system.NewLocalPID(id)).Wait()
+		}
 	}
 	n.system.Shutdown()
 }
@@ -276,6 +294,8 @@ type nodeDown struct {
 // must be told to everyone.
 type coordinatorStarted struct{}
 
+type membershipReady struct{}
+
 type getMembers struct{}
 
 // membersView is the node actor's part of the cluster view.
@@ -299,13 +319,16 @@ type nodeActor struct {
 	api      *actor.PID
 	coord    *actor.PID
 	election dp.Election
-	// coordAddr and coordEpoch are what the API server was told last.
+	// coordAddr and coordEpoch are the coordinator this node follows, as
+	// the API server was told last: empty and 0 while there is none.
 	coordAddr  string
 	coordEpoch uint64
 	coordTold  bool
 	// fail reports that the node cannot serve any more.
 	fail     func(error)
 	stopping bool
+	// electing is false until the node knows its cluster.
+	electing bool
 }
 
 func (n *nodeActor) Receive(ctx actor.Context) {
@@ -320,10 +343,14 @@ func (n *nodeActor) Receive(ctx actor.Context) {
 		n.memberEvent(ctx, msg)
 	case *coordinatorStarted:
 		n.announceCoordinator(ctx)
+	case *membershipReady:
+		n.electing = true
+		n.reelect(ctx)
 	case *dpnodev1.CoordinatorChanged:
-		// Another node's coordinator restarted in place: same epoch, but
-		// its subscribers and stats are gone.
-		if msg.Epoch >= n.coordEpoch {
+		// The coordinator this node elected restarted in place: same
+		// epoch, but its subscribers and stats are gone. Announcements of
+		// any other coordinator are not this node's to follow.
+		if msg.ActorAddress != "" && msg.ActorAddress == n.coordAddr && msg.Epoch == n.coordEpoch {
 			ctx.Send(n.api, msg)
 		}
 	case *getChildren:
@@ -371,6 +398,7 @@ func (n *nodeActor) start(ctx actor.Context) {
 		panic(fmt.Errorf("actors: spawning the API server: %w", err))
 	}
 	n.api = api
+	n.electing = !cfg.AwaitMembership
 	n.reelect(ctx)
 }
 
@@ -402,6 +430,9 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 // stops the local coordinator to match, and tells the API server where the
 // coordinator runs when that changed.
 func (n *nodeActor) reelect(ctx actor.Context) {
+	if !n.electing {
+		return
+	}
 	var ms []dp.Member
 	for name, m := range n.members {
 		ms = append(ms, dp.Member{Name: name, Boot: m.BootUnixNano, StartRank: int(m.StartRank), LocalSize: int(m.LocalSize)})
@@ -430,13 +461,13 @@ func (n *nodeActor) reelect(ctx actor.Context) {
 		ctx.Stop(n.coord)
 		n.coord = nil
 	}
-	addr := ""
+	addr, epoch := "", uint64(0)
 	if e.Quorum {
-		addr = n.members[e.Leader.Name].ActorAddress
+		addr, epoch = n.members[e.Leader.Name].ActorAddress, e.Epoch
 	}
-	if !n.coordTold || addr != n.coordAddr || e.Epoch != n.coordEpoch {
-		n.coordTold, n.coordAddr, n.coordEpoch = true, addr, e.Epoch
-		ctx.Send(n.api, &dpnodev1.CoordinatorChanged{ActorAddress: addr, Epoch: e.Epoch})
+	if !n.coordTold || addr != n.coordAddr || epoch != n.coordEpoch {
+		n.coordTold, n.coordAddr, n.coordEpoch = true, addr, epoch
+		ctx.Send(n.api, &dpnodev1.CoordinatorChanged{ActorAddress: addr, Epoch: epoch})
 	}
 }
 

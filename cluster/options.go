@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -15,17 +16,40 @@ import (
 	"github.com/dpnode/dpnode/engine/sim"
 )
 
-// Options are a node's settings, as given on the command line. A zero
-// value means "use the default", which for sizes comes from the GPUs found
-// and the simulated profile.
+// Options are a node's settings, as given on the command line. For the
+// data-parallel sizes, -1 means "not given" (see dp.Flags); other zero
+// values mean "use the default".
 type Options struct {
 	Host string
 	// Port is the HTTP port; 0 picks a free one (tests).
 	Port int
+	// PortSet is true when --port was given explicitly.
+	PortSet bool
 
 	DataParallelSize      int
 	DataParallelSizeLocal int
 	DataParallelStartRank int
+	// DataParallelRank selects external load balancing for one rank.
+	DataParallelRank int
+	LB               string
+	HybridLB         bool
+	ExternalLB       bool
+	Headless         bool
+
+	// Seeds are members to join; none starts a new cluster.
+	Seeds []string
+	// Bind is the gossip address (host:port); its host is also where the
+	// actor transport listens.
+	Bind string
+	// Advertise is where other nodes reach this one (host[:port]).
+	Advertise string
+	// RPCPort is the actor transport's port (vLLM's
+	// --data-parallel-rpc-port); 0 picks a free one.
+	RPCPort int
+	// GossipKey is the base64 gossip encryption key.
+	GossipKey     string
+	GossipProfile string
+	TLS           TLSFiles
 
 	// Model is the model to serve; ServedModelName the name clients use
 	// (Model when empty).
@@ -56,13 +80,20 @@ type Options struct {
 // DefaultOptions are the defaults of `dpnode join`.
 func DefaultOptions() Options {
 	return Options{
-		Host:         "0.0.0.0",
-		Port:         8000,
-		Engine:       "sim",
-		SimProfile:   "llama-3.1-8b-h100",
-		SimTimeScale: 1,
-		GPUs:         2,
-		DrainTimeout: 30 * time.Second,
+		Host:                  "0.0.0.0",
+		Port:                  8000,
+		DataParallelSize:      -1,
+		DataParallelSizeLocal: -1,
+		DataParallelStartRank: -1,
+		DataParallelRank:      -1,
+		Bind:                  "0.0.0.0:7946",
+		RPCPort:               29550,
+		GossipProfile:         "lan",
+		Engine:                "sim",
+		SimProfile:            "llama-3.1-8b-h100",
+		SimTimeScale:          1,
+		GPUs:                  2,
+		DrainTimeout:          30 * time.Second,
 	}
 }
 
@@ -73,14 +104,26 @@ func flagError(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", errFlags, fmt.Sprintf(format, args...))
 }
 
+// IsFlagError reports whether err is about the command line.
+func IsFlagError(err error) bool { return errors.Is(err, errFlags) }
+
 // plan is a checked Options, with defaults resolved except the ones that
 // need the GPUs.
 type plan struct {
 	opts      Options
+	flags     dp.Flags
 	profile   *sim.Profile
 	scheduler engine.SchedulerConfig
-	model     string
 	served    string
+	gossipKey []byte
+}
+
+func (o Options) dpFlags() dp.Flags {
+	return dp.Flags{
+		Size: o.DataParallelSize, LocalSize: o.DataParallelSizeLocal, StartRank: o.DataParallelStartRank,
+		Rank: o.DataParallelRank, LB: o.LB, HybridLB: o.HybridLB, Headless: o.Headless, ExternalLB: o.ExternalLB,
+		PortSet: o.PortSet,
+	}
 }
 
 // check rejects contradictory or impossible flags, all before anything
@@ -93,37 +136,51 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--sim-time-scale must be a finite number at least 0, got %v", o.SimTimeScale)
 	case o.Port < 0 || o.Port > 65535:
 		return nil, flagError("--port must be between 0 and 65535, got %d", o.Port)
+	case o.RPCPort < 0 || o.RPCPort > 65535:
+		return nil, flagError("--data-parallel-rpc-port must be between 0 and 65535, got %d", o.RPCPort)
 	case o.Host != "" && net.ParseIP(o.Host) == nil && o.Host != "localhost":
 		return nil, flagError("--host must be an IP address or localhost, got %q", o.Host)
 	case o.GPUs < 1:
 		return nil, flagError("--gpus must be at least 1, got %d", o.GPUs)
-	case o.DataParallelSize < 0, o.DataParallelSizeLocal < 0, o.DataParallelStartRank < 0:
-		return nil, flagError("--data-parallel-size, --data-parallel-size-local and --data-parallel-start-rank must not be negative")
 	case o.MaxNumSeqs < 0, o.MaxNumBatchedTokens < 0, o.MaxModelLen < 0:
 		return nil, flagError("--max-num-seqs, --max-num-batched-tokens and --max-model-len must not be negative")
 	case o.DrainTimeout < 0:
 		return nil, flagError("--drain-timeout must not be negative, got %v", o.DrainTimeout)
+	case o.Headless && o.APIKey != "":
+		return nil, flagError("--headless serves no API, so --api-key has no effect there")
+	case o.GossipProfile != "lan" && o.GossipProfile != "local":
+		return nil, flagError("--gossip-profile must be lan or local, got %q", o.GossipProfile)
 	}
-	if o.DataParallelSize > 0 {
-		// The GPU count is not known yet; check what the flags alone say.
-		topo := dp.Topology{Size: o.DataParallelSize, LocalSize: max(o.DataParallelSizeLocal, 1), StartRank: o.DataParallelStartRank}
-		if o.DataParallelSizeLocal == 0 {
-			topo.LocalSize = o.DataParallelSize - o.DataParallelStartRank
+	if _, _, err := splitHostPort(o.Bind, 7946); err != nil {
+		return nil, flagError("--bind %q: %v", o.Bind, err)
+	}
+	if err := o.TLS.check(); err != nil {
+		return nil, err
+	}
+	p := &plan{opts: o, flags: o.dpFlags()}
+	if o.GossipKey != "" {
+		key, err := base64.StdEncoding.DecodeString(o.GossipKey)
+		if err != nil || (len(key) != 16 && len(key) != 24 && len(key) != 32) {
+			return nil, flagError("--gossip-key must be 16, 24 or 32 bytes in base64 (for example: head -c 32 /dev/urandom | base64)")
 		}
-		if err := topo.Validate(); err != nil {
-			return nil, fmt.Errorf("%w: %w", errFlags, err)
-		}
+		p.gossipKey = key
+	}
+	// The GPU count is not known yet; every rule between flags can be
+	// checked with any count that the flags themselves allow.
+	if _, err := dp.Resolve(p.flags, max(o.GPUs, 1)); err != nil {
+		return nil, fmt.Errorf("%w: %w", errFlags, err)
 	}
 	profile, err := sim.LoadProfile(o.Profiles, o.SimProfile)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --sim-profile: %w", errFlags, err)
 	}
-	p := &plan{opts: o, profile: profile, model: o.Model, served: o.ServedModelName}
-	if p.model == "" {
-		p.model = profile.Model
+	p.profile = profile
+	p.served = o.ServedModelName
+	if p.served == "" {
+		p.served = o.Model
 	}
 	if p.served == "" {
-		p.served = p.model
+		p.served = profile.Model
 	}
 	p.scheduler = engine.SchedulerConfig{
 		MaxNumSeqs:          orDefault(o.MaxNumSeqs, profile.MaxNumSeqs),
@@ -140,22 +197,11 @@ func (o Options) check() (*plan, error) {
 	return p, nil
 }
 
-// topology resolves the data-parallel sizes given the local GPU count:
-// with no sizes, one rank per GPU; with only a total size, a single node
-// hosts it all.
+// topology resolves the data-parallel flags given the local GPU count:
+// with no sizes, one rank per GPU.
 func (p *plan) topology(gpus int) (dp.Topology, error) {
-	o := p.opts
-	t := dp.Topology{Size: o.DataParallelSize, LocalSize: o.DataParallelSizeLocal, StartRank: o.DataParallelStartRank}
-	switch {
-	case t.Size == 0 && t.LocalSize == 0:
-		t.LocalSize = gpus
-		t.Size = t.StartRank + gpus
-	case t.Size == 0:
-		t.Size = t.StartRank + t.LocalSize
-	case t.LocalSize == 0:
-		t.LocalSize = t.Size - t.StartRank
-	}
-	if err := t.Validate(); err != nil {
+	t, err := dp.Resolve(p.flags, gpus)
+	if err != nil {
 		return t, fmt.Errorf("%w: %w", errFlags, err)
 	}
 	return t, nil

@@ -5,15 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/dp"
 )
-
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
-}
 
 func TestContradictoryFlagsAreRefusedWithOneClearError(t *testing.T) {
 	cases := []struct {
@@ -29,6 +23,12 @@ func TestContradictoryFlagsAreRefusedWithOneClearError(t *testing.T) {
 			o.DataParallelSize, o.DataParallelSizeLocal, o.DataParallelStartRank = 4, 2, 3
 		}, "would host ranks 3 to 4"},
 		{"start rank past size", func(o *Options) { o.DataParallelSize, o.DataParallelStartRank = 2, 2 }, "--data-parallel-size-local must be at least 1"},
+		{"headless with a port", func(o *Options) { o.Headless, o.PortSet, o.DataParallelSize = true, true, 2 }, "--port cannot be set"},
+		{"headless with an API key", func(o *Options) { o.Headless, o.APIKey = true, "k" }, "--api-key has no effect"},
+		{"external with two local ranks", func(o *Options) { o.DataParallelRank, o.DataParallelSizeLocal, o.DataParallelSize = 1, 2, 4 }, "must be 1 or unset"},
+		{"half the TLS files", func(o *Options) { o.TLS.Cert = "node.pem" }, "go together"},
+		{"short gossip key", func(o *Options) { o.GossipKey = "c2hvcnQ=" }, "--gossip-key must be 16, 24 or 32 bytes"},
+		{"bad bind", func(o *Options) { o.Bind = "host:port:extra" }, "--bind"},
 		{"budget below sequences", func(o *Options) { o.MaxNumSeqs, o.MaxNumBatchedTokens = 512, 256 }, "--max-num-batched-tokens (256) must be at least --max-num-seqs (512)"},
 		{"context beyond the KV cache", func(o *Options) { o.MaxModelLen = 1 << 30 }, "cannot hold one sequence"},
 		{"bad port", func(o *Options) { o.Port = 70000 }, "--port must be between"},
@@ -53,11 +53,11 @@ func TestTopologyDefaults(t *testing.T) {
 		size, local, start, gpus int
 		want                     dp.Topology
 	}{
-		{0, 0, 0, 2, dp.Topology{Size: 2, LocalSize: 2}},
-		{0, 0, 0, 8, dp.Topology{Size: 8, LocalSize: 8}},
-		{4, 0, 0, 8, dp.Topology{Size: 4, LocalSize: 4}},
+		{-1, -1, -1, 2, dp.Topology{Size: 2, LocalSize: 2}},
+		{-1, -1, -1, 8, dp.Topology{Size: 8, LocalSize: 8}},
+		{4, -1, -1, 8, dp.Topology{Size: 4, LocalSize: 4}},
 		{4, 2, 2, 2, dp.Topology{Size: 4, LocalSize: 2, StartRank: 2}},
-		{0, 1, 0, 2, dp.Topology{Size: 1, LocalSize: 1}},
+		{-1, 1, -1, 2, dp.Topology{Size: 1, LocalSize: 1}},
 	}
 	for _, tc := range cases {
 		o := DefaultOptions()
@@ -78,6 +78,7 @@ func TestTooFewGPUsIsAClearError(t *testing.T) {
 	o := DefaultOptions()
 	o.Profiles = dpnode.SimProfiles
 	o.Host, o.Port = "127.0.0.1", 0
+	o.Bind, o.RPCPort = "127.0.0.1:0", 0
 	o.Logger = slog.New(slog.DiscardHandler)
 	o.DataParallelSize = 4
 	_, err := Start(o)

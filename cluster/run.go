@@ -2,11 +2,14 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,17 +24,23 @@ import (
 
 // Running is a started node.
 type Running struct {
-	node   *actors.Node
+	node       *actors.Node
+	membership *Membership
+	// server and ln are nil on a headless node.
 	server *http.Server
 	ln     net.Listener
 	served chan error
 	logger *slog.Logger
 	drain  time.Duration
+
+	shutdownOnce sync.Once
+	shutdownErr  error
 }
 
 // Start checks the options, discovers the GPUs, starts the node's actors
-// and begins serving HTTP. Every flag problem is reported before anything
-// starts.
+// and its actor transport, joins the cluster, and serves HTTP unless
+// headless. Every flag problem is reported before anything starts; a node
+// whose ranks another node hosts is refused at the join, before it serves.
 func Start(o Options) (*Running, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -48,85 +57,156 @@ func Start(o Options) (*Running, error) {
 	if err != nil {
 		return nil, err
 	}
-	devices, err := inv.Select(topo.LocalSize)
+	var devices []gpu.Device
+	if topo.LocalSize > 0 {
+		if devices, err = inv.Select(topo.LocalSize); err != nil {
+			return nil, err
+		}
+	}
+	bindHost, _, _ := splitHostPort(o.Bind, 7946)
+	advHost, err := advertiseHost(bindHost, o.Advertise)
 	if err != nil {
 		return nil, err
 	}
+	transport, err := transportConfig(bindHost, advHost, o.RPCPort, o.TLS)
+	if err != nil {
+		return nil, err
+	}
+	if !o.TLS.set() {
+		o.Logger.Warn("actor traffic between nodes is plaintext; set --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca to encrypt it")
+	}
+
+	r := &Running{served: make(chan error, 1), logger: o.Logger, drain: o.DrainTimeout}
+	httpAddr := ""
+	if topo.ServesAPI() {
+		if r.ln, err = net.Listen("tcp", o.address()); err != nil {
+			return nil, fmt.Errorf("cluster: listening for HTTP on %s: %w (is another server on that port? choose one with --port)", o.address(), err)
+		}
+		httpAddr = r.ln.Addr().String()
+	}
+	closeListener := func() {
+		if r.ln != nil {
+			r.ln.Close()
+		}
+	}
+
 	tok := sim.NewTokenizer(0)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
+	hostname, _ := os.Hostname()
 	cfg := actors.DefaultNodeConfig()
+	// Unique per incarnation: a restarted node is a new member, and the
+	// address says which machine and process it is.
+	cfg.Name = fmt.Sprintf("%s/%s/%s", hostname, transport.AdvertisedHost, rand.Text()[:6])
 	cfg.Model = p.served
 	cfg.Topology = topo
 	cfg.Devices = devices
 	cfg.Scheduler = p.scheduler
 	cfg.Registry = reg
 	cfg.Logger = o.Logger
+	cfg.Remote = transport
+	cfg.HTTPAddress = httpAddr
+	cfg.AwaitMembership = true
 	cfg.NewExecutor = func(int, gpu.Device) (engine.Executor, error) {
 		return sim.NewExecutor(sim.ExecutorConfig{Profile: p.profile, Tokenizer: tok, Clock: engine.RealClock{}, TimeScale: o.SimTimeScale})
 	}
-	ln, err := net.Listen("tcp", o.address())
-	if err != nil {
-		return nil, fmt.Errorf("cluster: listening for HTTP on %s: %w (is another server on that port? choose one with --port)", o.address(), err)
-	}
-	node, err := actors.StartNode(cfg)
-	if err != nil {
-		ln.Close()
+	if r.node, err = actors.StartNode(cfg); err != nil {
+		closeListener()
 		return nil, err
 	}
-	api, err := httpapi.New(httpapi.Config{
-		Backend:     node,
-		Tokenizer:   tok,
-		MaxModelLen: p.scheduler.MaxModelLen,
-		APIKey:      o.APIKey,
-		Gatherer:    reg,
-		Version:     o.Version,
-		Logger:      o.Logger,
+	r.membership, err = StartMembership(MembershipConfig{
+		Name:       cfg.Name,
+		Bind:       o.Bind,
+		Advertise:  o.Advertise,
+		Seeds:      o.Seeds,
+		SecretKey:  p.gossipKey,
+		Profile:    o.GossipProfile,
+		Meta:       r.node.Meta(),
+		OnEvent:    r.node.MemberEvent,
+		OnConflict: r.node.Fail,
+		Logger:     o.Logger,
 	})
 	if err != nil {
-		node.Stop()
-		ln.Close()
+		r.node.Stop()
+		closeListener()
 		return nil, err
 	}
-	r := &Running{
-		node:   node,
-		server: &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second},
-		ln:     ln,
-		served: make(chan error, 1),
-		logger: o.Logger,
-		drain:  o.DrainTimeout,
+	r.node.MembershipReady()
+
+	if topo.ServesAPI() {
+		api, err := httpapi.New(httpapi.Config{
+			Backend:     r.node,
+			Tokenizer:   tok,
+			MaxModelLen: p.scheduler.MaxModelLen,
+			APIKey:      o.APIKey,
+			Gatherer:    reg,
+			Version:     o.Version,
+			Logger:      o.Logger,
+		})
+		if err != nil {
+			r.membership.Leave(time.Second)
+			r.node.Stop()
+			closeListener()
+			return nil, err
+		}
+		r.server = &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { r.served <- r.server.Serve(r.ln) }()
 	}
-	go func() { r.served <- r.server.Serve(ln) }()
+	url := "none (headless)"
+	if r.ln != nil {
+		url = "http://" + r.ln.Addr().String()
+	}
 	o.Logger.Info("dpnode serving",
-		"url", "http://"+ln.Addr().String(), "model", p.served, "engine", o.Engine, "sim_profile", p.profile.Name,
-		"sim_time_scale", o.SimTimeScale, "ranks", fmt.Sprintf("%d-%d of %d", topo.StartRank, topo.StartRank+topo.LocalSize-1, topo.Size),
-		"gpus", inv.Source, "max_model_len", p.scheduler.MaxModelLen)
+		"url", url, "node", cfg.Name, "mode", topo.Mode.String(), "model", p.served, "engine", o.Engine, "sim_profile", p.profile.Name,
+		"sim_time_scale", o.SimTimeScale, "ranks", rankRange(topo.StartRank, topo.LocalSize, topo.Size),
+		"gpus", inv.Source, "gossip", r.membership.Address(), "actors", r.node.Meta().ActorAddress,
+		"seeds", len(o.Seeds), "max_model_len", p.scheduler.MaxModelLen)
 	return r, nil
 }
 
-// Addr is the HTTP listener's address.
-func (r *Running) Addr() string { return r.ln.Addr().String() }
+func rankRange(start, local, size int) string {
+	if local == 0 {
+		return fmt.Sprintf("none of %d", size)
+	}
+	return fmt.Sprintf("%d-%d of %d", start, start+local-1, size)
+}
+
+// Addr is the HTTP listener's address; empty on a headless node.
+func (r *Running) Addr() string {
+	if r.ln == nil {
+		return ""
+	}
+	return r.ln.Addr().String()
+}
 
 // Node is the node's actors.
 func (r *Running) Node() *actors.Node { return r.node }
 
 // Shutdown drains: it stops taking requests, lets those in flight finish
-// within the drain timeout (cutting off the rest after it), then stops the
-// actors.
+// within the drain timeout (cutting off the rest after it), leaves the
+// cluster, then stops the actors. Calls after the first return its result.
 func (r *Running) Shutdown() error {
-	ctx, cancel := context.WithTimeout(context.Background(), r.drain)
-	defer cancel()
-	r.logger.Info("draining: no new requests; waiting for those in flight", "timeout", r.drain)
-	err := r.server.Shutdown(ctx)
-	if errors.Is(err, context.DeadlineExceeded) {
-		r.logger.Warn("drain timeout passed; closing the connections still open")
-		err = r.server.Close()
+	r.shutdownOnce.Do(func() { r.shutdownErr = r.shutdown() })
+	return r.shutdownErr
+}
+
+func (r *Running) shutdown() error {
+	var err error
+	if r.server != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), r.drain)
+		defer cancel()
+		r.logger.Info("draining: no new requests; waiting for those in flight", "timeout", r.drain)
+		err = r.server.Shutdown(ctx)
+		if errors.Is(err, context.DeadlineExceeded) {
+			r.logger.Warn("drain timeout passed; closing the connections still open")
+			err = r.server.Close()
+		}
+		if serveErr := <-r.served; serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+			err = serveErr
+		}
 	}
+	r.membership.Leave(2 * time.Second)
 	r.node.Stop()
-	if serveErr := <-r.served; serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
-		return serveErr
-	}
 	r.logger.Info("stopped")
 	return err
 }
@@ -140,6 +220,7 @@ func Run(ctx context.Context, o Options) error {
 	select {
 	case <-ctx.Done():
 	case err := <-r.served:
+		r.membership.Leave(2 * time.Second)
 		r.node.Stop()
 		return fmt.Errorf("cluster: the HTTP server stopped: %w", err)
 	case <-r.node.Failed():
@@ -148,6 +229,3 @@ func Run(ctx context.Context, o Options) error {
 	}
 	return r.Shutdown()
 }
-
-// IsFlagError reports whether err is about the command line.
-func IsFlagError(err error) bool { return errors.Is(err, errFlags) }

@@ -48,6 +48,7 @@ func startServer(t testing.TB, timeScale float64, mutate ...func(*cluster.Option
 	t.Helper()
 	o := cluster.DefaultOptions()
 	o.Host, o.Port = "127.0.0.1", 0
+	o.Bind, o.RPCPort = "127.0.0.1:0", 0
 	o.SimTimeScale = timeScale
 	o.APIKey = apiKey
 	o.Profiles = dpnode.SimProfiles

@@ -21,6 +21,9 @@ func BenchmarkRequestPath(b *testing.B) {
 	for _, tc := range []struct {
 		tokens, parallel int
 	}{{1, 1}, {16, 1}, {16, 16}} {
+		// One node at a time: each has its own actor transport, and
+		// protoactor's start of one touches process-wide gRPC state that a
+		// running one reads.
 		ts := startServer(b, 0)
 		b.Run(fmt.Sprintf("tokens=%d/clients=%d", tc.tokens, tc.parallel*runtime.GOMAXPROCS(0)), func(b *testing.B) {
 			body := fmt.Sprintf(`{"messages":[{"role":"user","content":"benchmark"}],"max_tokens":%d,"ignore_eos":true,"stream":true}`, tc.tokens)
@@ -63,5 +66,8 @@ func BenchmarkRequestPath(b *testing.B) {
 			b.ReportMetric(pct(0.50), "p50-µs")
 			b.ReportMetric(pct(0.99), "p99-µs")
 		})
+		if err := ts.run.Shutdown(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -45,8 +45,9 @@ func newJoinCommand() *cobra.Command {
 		Short: "Start a node: one engine per local GPU, and an OpenAI-compatible API server",
 		Long: `Start a node: one engine actor per data-parallel rank (one GPU each) and an
 API server that balances requests over them and serves the OpenAI HTTP API.
-With no seeds it starts a new single-node cluster. Where no GPU backend is
-configured the engines run the calibrated simulated executor.`,
+With no seeds it starts a new cluster that others can join; with --seeds it
+joins one by gossip. Where no GPU backend is configured the engines run the
+calibrated simulated executor.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var level slog.Level
@@ -56,6 +57,7 @@ configured the engines run the calibrated simulated executor.`,
 			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			o.Profiles = dpnode.SimProfiles
 			o.Version = version
+			o.PortSet = cmd.Flags().Changed("port")
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			return cluster.Run(ctx, o)
@@ -64,9 +66,23 @@ configured the engines run the calibrated simulated executor.`,
 	f := cmd.Flags()
 	f.StringVar(&o.Host, "host", o.Host, "address the HTTP server listens on")
 	f.IntVar(&o.Port, "port", o.Port, "HTTP port")
-	f.IntVar(&o.DataParallelSize, "data-parallel-size", 0, "ranks in the whole deployment (default: the local ranks)")
-	f.IntVar(&o.DataParallelSizeLocal, "data-parallel-size-local", 0, "ranks on this node, one GPU each (default: one per GPU found)")
-	f.IntVar(&o.DataParallelStartRank, "data-parallel-start-rank", 0, "first rank on this node")
+	f.IntVar(&o.DataParallelSize, "data-parallel-size", o.DataParallelSize, "ranks in the whole deployment (default: the local ranks)")
+	f.IntVar(&o.DataParallelSizeLocal, "data-parallel-size-local", o.DataParallelSizeLocal, "ranks on this node, one GPU each (default: one per GPU found)")
+	f.IntVar(&o.DataParallelStartRank, "data-parallel-start-rank", o.DataParallelStartRank, "first rank on this node (default 0)")
+	f.IntVar(&o.DataParallelRank, "data-parallel-rank", o.DataParallelRank, "serve only this rank behind an outside load balancer (external mode)")
+	f.StringVar(&o.LB, "data-parallel-lb", "", "who balances: hybrid (each node over its own ranks; the default), internal, or external")
+	f.BoolVar(&o.HybridLB, "data-parallel-hybrid-lb", false, "same as --data-parallel-lb hybrid")
+	f.BoolVar(&o.ExternalLB, "data-parallel-external-lb", false, "same as --data-parallel-lb external")
+	f.BoolVar(&o.Headless, "headless", false, "host ranks without an API server (internal mode)")
+	f.StringSliceVar(&o.Seeds, "seeds", nil, "gossip addresses (host:port) of cluster members to join; none starts a new cluster")
+	f.StringVar(&o.Bind, "bind", o.Bind, "gossip address (host:port); the actor transport listens on the same host")
+	f.StringVar(&o.Advertise, "advertise", "", "address (host[:port]) other nodes reach this one at (default: the bind host, or a private IP)")
+	f.IntVar(&o.RPCPort, "data-parallel-rpc-port", o.RPCPort, "port of the actor transport between nodes")
+	f.StringVar(&o.GossipKey, "gossip-key", os.Getenv("DPNODE_GOSSIP_KEY"), "base64 key (16, 24 or 32 bytes) that encrypts gossip (default: $DPNODE_GOSSIP_KEY)")
+	f.StringVar(&o.GossipProfile, "gossip-profile", o.GossipProfile, "gossip timings: lan, or local for nodes on one machine (faster failure detection)")
+	f.StringVar(&o.TLS.Cert, "cluster-tls-cert", "", "PEM certificate of this node for the actor transport (mutual TLS)")
+	f.StringVar(&o.TLS.Key, "cluster-tls-key", "", "PEM private key of --cluster-tls-cert")
+	f.StringVar(&o.TLS.CA, "cluster-tls-ca", "", "PEM certificate of the cluster CA that signs every node's certificate")
 	f.StringVar(&o.Model, "model", "", "model to serve (default: the simulated profile's model)")
 	f.StringVar(&o.ServedModelName, "served-model-name", "", "model name clients use (default: --model)")
 	f.StringVar(&o.Engine, "engine", o.Engine, "executor: sim (the calibrated simulated executor)")

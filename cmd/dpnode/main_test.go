@@ -39,7 +39,7 @@ func TestContradictoryFlagsFailBeforeAnythingStarts(t *testing.T) {
 		{"--max-num-seqs", "300", "--max-num-batched-tokens", "200"},
 	}
 	for _, args := range cases {
-		cmd := exec.Command(bin, append([]string{"join", "--host", "127.0.0.1", "--port", "0"}, args...)...)
+		cmd := exec.Command(bin, append([]string{"join", "--host", "127.0.0.1", "--port", "0", "--bind", "127.0.0.1:0", "--data-parallel-rpc-port", "0"}, args...)...)
 		out, err := cmd.CombinedOutput()
 		var exit *exec.ExitError
 		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
@@ -57,7 +57,7 @@ func TestContradictoryFlagsFailBeforeAnythingStarts(t *testing.T) {
 // the process to exit 0.
 func TestSIGTERMDrainsThenExitsZero(t *testing.T) {
 	bin := buildDpnode(t)
-	cmd := exec.Command(bin, "join", "--host", "127.0.0.1", "--port", "0", "--sim-time-scale", "1")
+	cmd := exec.Command(bin, "join", "--host", "127.0.0.1", "--port", "0", "--bind", "127.0.0.1:0", "--data-parallel-rpc-port", "0", "--sim-time-scale", "1")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

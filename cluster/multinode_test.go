@@ -1,0 +1,370 @@
+package cluster_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dpnode/dpnode/cluster"
+	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/engine/sim"
+)
+
+// These tests run real dpnode processes on 127.0.0.x, each test on its own
+// addresses so that ports never clash.
+
+func TestReferenceScenarioHybrid(t *testing.T) {
+	a := startProc(t, "127.0.0.11", nodeArgs("127.0.0.11", "--host", "127.0.0.11", "--port", "8100",
+		"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "0")...)
+	b := startProc(t, "127.0.0.12", nodeArgs("127.0.0.12", "--host", "127.0.0.12", "--port", "8200",
+		"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
+		"--seeds", "127.0.0.11:7946")...)
+	for _, p := range []*proc{a, b} {
+		p.waitView("all four ranks listed", 10*time.Second, func(v clusterView) bool {
+			return len(v.Ranks) == 4 && len(v.Nodes) == 2 && v.Coordinator.Node == a.name
+		})
+	}
+
+	const n = 200
+	var wg sync.WaitGroup
+	for _, p := range []*proc{a, b} {
+		wg.Go(func() {
+			if failed, err := burst(p.url, n, 5); failed > 0 {
+				t.Errorf("%d of %d requests to %s failed; first: %v", failed, n, p.url, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, c := range []struct {
+		p     *proc
+		ranks []int
+	}{{a, []int{0, 1}}, {b, []int{2, 3}}} {
+		total := 0.0
+		for _, rank := range c.ranks {
+			served := c.p.metric("vllm:request_success_total", map[string]string{"engine": fmt.Sprint(rank)})
+			total += served
+			if served <= n/3 {
+				t.Errorf("rank %d served %v of its node's %d requests; want more than %d", rank, served, n, n/3)
+			}
+		}
+		if total != n {
+			t.Errorf("node %s's /metrics counts %v requests, want its own %d", c.p.ip, total, n)
+		}
+		// Each node's /metrics has only its own engines.
+		for rank := range 4 {
+			has := c.p.metric("dpnode_engine_ready", map[string]string{"engine": fmt.Sprint(rank)}) > 0
+			if local := rank >= c.ranks[0] && rank <= c.ranks[1]; has != local {
+				t.Errorf("node %s's /metrics shows engine %d: %v", c.p.ip, rank, has)
+			}
+		}
+	}
+}
+
+// TestInternalModeReachesEveryRank runs steps in real time: a simulated
+// step much shorter than a network round trip would make remote ranks look
+// slow, which no GPU step is.
+func TestInternalModeReachesEveryRank(t *testing.T) {
+	a := startProc(t, "127.0.0.21", nodeArgs("127.0.0.21", "--host", "127.0.0.21", "--port", "0", "--sim-time-scale", "1",
+		"--data-parallel-lb", "internal", "--data-parallel-size", "4", "--data-parallel-size-local", "2")...)
+	startProc(t, "127.0.0.22", nodeArgs("127.0.0.22", "--headless", "--sim-time-scale", "1",
+		"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
+		"--seeds", "127.0.0.21:7946")...)
+	a.waitView("A balances over all four ranks", 10*time.Second, func(v clusterView) bool {
+		ready := 0
+		for _, r := range v.Ranks {
+			if r.Balanced && r.Ready {
+				ready++
+			}
+		}
+		return ready == 4
+	})
+	const n = 200
+	if failed, err := burst(a.url, n, 5); failed > 0 {
+		t.Fatalf("%d of %d requests failed; first: %v", failed, n, err)
+	}
+	for rank := range 4 {
+		if served := a.metric("vllm:request_success_total", map[string]string{"engine": fmt.Sprint(rank)}); served <= n/5 {
+			t.Errorf("rank %d served %v of %d; want more than %d", rank, served, n, n/5)
+		}
+	}
+}
+
+func TestExternalModeServesOneRankEach(t *testing.T) {
+	var ps []*proc
+	for rank, ip := range []string{"127.0.0.31", "127.0.0.32"} {
+		args := nodeArgs(ip, "--host", ip, "--port", "0", "--data-parallel-size", "2", "--data-parallel-rank", fmt.Sprint(rank))
+		if rank > 0 {
+			args = append(args, "--seeds", "127.0.0.31:7946")
+		}
+		ps = append(ps, startProc(t, ip, args...))
+	}
+	for rank, p := range ps {
+		if failed, err := burst(p.url, 20, 3); failed > 0 {
+			t.Fatalf("rank %d: %d requests failed; first: %v", rank, failed, err)
+		}
+		if served := p.metric("vllm:request_success_total", map[string]string{"engine": fmt.Sprint(rank)}); served != 20 {
+			t.Errorf("rank %d's server: its rank served %v of 20", rank, served)
+		}
+		other := 1 - rank
+		if p.metric("dpnode_engine_ready", map[string]string{"engine": fmt.Sprint(other)}) != 0 {
+			t.Errorf("rank %d's server shows rank %d's engine", rank, other)
+		}
+		status, body, err := complete(context.Background(), p.url, `{"prompt":"x","max_tokens":1}`, map[string]string{"X-data-parallel-rank": fmt.Sprint(other)})
+		if err != nil || status != 400 {
+			t.Errorf("pinning rank %d on rank %d's server: %d %s %v; want 400", other, rank, status, body, err)
+		}
+	}
+}
+
+// TestCoordinatorNodeKilled kills the coordinator's node during load. The
+// survivor hosts two of the three ranks, a majority, so it takes over.
+func TestCoordinatorNodeKilled(t *testing.T) {
+	a := startProc(t, "127.0.0.41", nodeArgs("127.0.0.41", "--host", "127.0.0.41", "--port", "0",
+		"--data-parallel-size", "3", "--data-parallel-size-local", "1")...)
+	b := startProc(t, "127.0.0.42", nodeArgs("127.0.0.42", "--host", "127.0.0.42", "--port", "0",
+		"--data-parallel-size", "3", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "1",
+		"--seeds", "127.0.0.41:7946")...)
+	before := b.waitView("A coordinates", 10*time.Second, func(v clusterView) bool {
+		return v.Coordinator.Node == a.name && len(v.Nodes) == 2
+	})
+
+	// Load on B throughout: requests keep starting until the new
+	// coordinator runs, and none may fail.
+	stop := make(chan struct{})
+	var failed, sent int
+	var firstErr error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				status, body, err := complete(context.Background(), b.url, fmt.Sprintf(`{"prompt":"load %d %d","max_tokens":8}`, w, i), nil)
+				mu.Lock()
+				sent++
+				if err == nil && status != 200 {
+					err = fmt.Errorf("status %d: %s", status, body)
+				}
+				if err != nil {
+					failed++
+					if firstErr == nil {
+						firstErr = err
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	killed := time.Now()
+	a.signal(syscall.SIGKILL)
+	after := b.waitView("B coordinates with a higher epoch", 30*time.Second, func(v clusterView) bool {
+		return v.Coordinator.RunningHere && v.Coordinator.Epoch > before.Coordinator.Epoch
+	})
+	failover := time.Since(killed)
+	close(stop)
+	wg.Wait()
+	if failed > 0 {
+		t.Fatalf("%d of %d requests to the survivor failed; first: %v", failed, sent, firstErr)
+	}
+	declared := logTime(t, b.waitLog(`Marking .* as failed`, time.Second))
+	started := logTime(t, b.waitLog(`this node runs the coordinator`, time.Second))
+	if started.Sub(declared) > time.Second {
+		t.Fatalf("the new coordinator started %v after the death was declared; want within 1 s", started.Sub(declared))
+	}
+	t.Logf("coordinator failover: killed -> declared dead %v, -> new coordinator %v (observed over HTTP after %v); epoch %d -> %d; %d requests served meanwhile",
+		declared.Sub(killed).Round(time.Millisecond), started.Sub(killed).Round(time.Millisecond), failover.Round(time.Millisecond),
+		before.Coordinator.Epoch, after.Coordinator.Epoch, sent)
+
+	// Rejoin: A comes back with the same flags and gets its rank back.
+	a2 := startProc(t, "127.0.0.41", nodeArgs("127.0.0.41", "--host", "127.0.0.41", "--port", "0",
+		"--data-parallel-size", "3", "--data-parallel-size-local", "1", "--seeds", "127.0.0.42:7946")...)
+	b.waitView("A's rank is back, on its new incarnation", 15*time.Second, func(v clusterView) bool {
+		return len(v.Ranks) == 3 && v.Ranks[0].Node == a2.name && v.Ranks[0].Ready && len(v.Nodes) == 2
+	})
+	if failed, err := burst(a2.url, 20, 3); failed > 0 {
+		t.Fatalf("the rejoined node: %d requests failed; first: %v", failed, err)
+	}
+}
+
+// logTime reads the time= field of a log line.
+func logTime(t *testing.T, line string) time.Time {
+	t.Helper()
+	f := strings.Fields(line)
+	ts, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(f[0], "time="))
+	if err != nil {
+		t.Fatalf("no time in %q: %v", line, err)
+	}
+	return ts
+}
+
+func TestSecondClaimantOfARankIsRefused(t *testing.T) {
+	a := startProc(t, "127.0.0.51", nodeArgs("127.0.0.51", "--host", "127.0.0.51", "--port", "0",
+		"--data-parallel-size", "4", "--data-parallel-size-local", "2")...)
+	p, err := launch(t, "127.0.0.52", nodeArgs("127.0.0.52", "--host", "127.0.0.52", "--port", "0",
+		"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "1",
+		"--seeds", "127.0.0.51:7946")...)
+	if err == nil {
+		t.Fatal("a node claiming rank 1, which node A serves, joined")
+	}
+	<-p.done
+	logs := p.logs.String()
+	want := fmt.Sprintf("rank 1 is already served by node %s", a.name)
+	if !strings.Contains(logs, want) || !strings.Contains(logs, "dpnode: cluster: refused to join") {
+		t.Fatalf("the refused node said:\n%s\nwant a message containing %q", logs, want)
+	}
+	if v, err := a.view(); err != nil || len(v.Nodes) != 1 {
+		t.Fatalf("the first node's view after the refusal: %+v, %v; want itself alone", v, err)
+	}
+}
+
+// TestHungNodeIsNoticedAndItsStreamsMove stops (SIGSTOP) a headless node
+// mid-stream: gossip declares it dead, the API server hears Terminated for
+// its actors and moves its streams to the remaining ranks, and every
+// stream ends token-exactly.
+func TestHungNodeIsNoticedAndItsStreamsMove(t *testing.T) {
+	// Real-time steps: the streams are still going when the node hangs.
+	args := func(ip string, extra ...string) []string {
+		return nodeArgs(ip, append(extra, "--sim-time-scale", "1")...)
+	}
+	a := startProc(t, "127.0.0.61", args("127.0.0.61", "--host", "127.0.0.61", "--port", "0",
+		"--data-parallel-lb", "internal", "--data-parallel-size", "4", "--data-parallel-size-local", "2")...)
+	b := startProc(t, "127.0.0.62", args("127.0.0.62", "--headless",
+		"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
+		"--seeds", "127.0.0.61:7946")...)
+	a.waitView("A balances over B's ranks", 10*time.Second, func(v clusterView) bool {
+		n := 0
+		for _, r := range v.Ranks {
+			if r.Balanced && r.Ready {
+				n++
+			}
+		}
+		return n == 4
+	})
+	const streams, tokens = 8, 300
+	texts := make([]string, streams)
+	errs := make([]error, streams)
+	var wg sync.WaitGroup
+	for i := range streams {
+		wg.Go(func() {
+			status, body, err := complete(context.Background(), a.url,
+				fmt.Sprintf(`{"prompt":"hung node stream %d","max_tokens":%d,"ignore_eos":true}`, i, tokens), nil)
+			if err == nil && status != 200 {
+				err = fmt.Errorf("status %d: %s", status, body)
+			}
+			var resp struct {
+				Choices []struct {
+					Text string `json:"text"`
+				} `json:"choices"`
+			}
+			if err == nil {
+				err = json.Unmarshal(body, &resp)
+			}
+			if err == nil {
+				texts[i] = resp.Choices[0].Text
+			}
+			errs[i] = err
+		})
+	}
+	time.Sleep(time.Second)
+	b.signal(syscall.SIGSTOP)
+	wg.Wait()
+	tok := sim.NewTokenizer(0)
+	for i := range streams {
+		if errs[i] != nil {
+			t.Fatalf("stream %d: %v", i, errs[i])
+		}
+		h := engine.PromptHash(tok.Encode(fmt.Sprintf("hung node stream %d", i)), nil)
+		var want []uint32
+		for k := range tokens {
+			want = append(want, tok.Sample(h, k, &engine.SamplingParams{IgnoreEOS: true}))
+		}
+		if texts[i] != tok.Decode(want) {
+			t.Fatalf("stream %d is not the undisturbed text", i)
+		}
+	}
+	moved := a.metric("dpnode_requests_migrated_total", nil) + a.metric("dpnode_requests_redispatched_total", nil)
+	if moved == 0 {
+		t.Fatal("no request moved off the hung node")
+	}
+	a.waitLog(`a node left; moved the requests on its ranks`, time.Second)
+}
+
+// TestGossipConvergence measures how long a joining node takes to be in
+// every member's view, for clusters of 2 and 5 nodes.
+func TestGossipConvergence(t *testing.T) {
+	for _, n := range []int{2, 5} {
+		t.Run(fmt.Sprintf("nodes=%d", n), func(t *testing.T) {
+			var ps []*proc
+			var last time.Time
+			for i := range n {
+				ip := fmt.Sprintf("127.0.0.%d", 70+10*(n/5)+i)
+				args := nodeArgs(ip, "--host", ip, "--port", "0", "--data-parallel-size", fmt.Sprint(n),
+					"--data-parallel-size-local", "1", "--data-parallel-start-rank", fmt.Sprint(i))
+				if i > 0 {
+					args = append(args, "--seeds", ps[0].ip+":7946")
+				}
+				last = time.Now()
+				ps = append(ps, startProc(t, ip, args...))
+			}
+			joined := logTime(t, ps[n-1].waitLog(`dpnode serving`, time.Second))
+			var converged time.Duration
+			for _, p := range ps {
+				p.waitView("every member seen", 10*time.Second, func(v clusterView) bool { return len(v.Nodes) == n })
+				converged = max(converged, time.Since(joined))
+			}
+			t.Logf("gossip convergence, %d nodes: the last node's join is in every view within %v (process start to serving: %v)",
+				n, converged.Round(time.Millisecond), joined.Sub(last).Round(time.Millisecond))
+		})
+	}
+}
+
+// TestActorTransportWithMutualTLS forms a two-node cluster whose actor
+// traffic is mutual TLS: the load snapshots of the coordinator on one node
+// reach the other, and its engines' stats reach the coordinator.
+func TestActorTransportWithMutualTLS(t *testing.T) {
+	ca := cluster.NewTestCA(t, "cluster")
+	tlsArgs := func(name string) []string {
+		f := ca.Node(t, name)
+		return []string{"--cluster-tls-cert", f.Cert, "--cluster-tls-key", f.Key, "--cluster-tls-ca", f.CA}
+	}
+	a := startProc(t, "127.0.0.101", nodeArgs("127.0.0.101", append(tlsArgs("a"), "--host", "127.0.0.101", "--port", "0",
+		"--data-parallel-size", "2", "--data-parallel-size-local", "1")...)...)
+	b := startProc(t, "127.0.0.102", nodeArgs("127.0.0.102", append(tlsArgs("b"), "--host", "127.0.0.102", "--port", "0",
+		"--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-start-rank", "1", "--seeds", "127.0.0.101:7946")...)...)
+	b.waitView("snapshots from A's coordinator, with B's own rank in them", 10*time.Second, func(v clusterView) bool {
+		return v.Coordinator.Node == a.name && v.Coordinator.SnapshotSeq > 0 && len(v.Ranks) == 2
+	})
+	if strings.Contains(a.logs.String()+b.logs.String(), "plaintext") {
+		t.Fatal("a node with TLS files warned that its actor traffic is plaintext")
+	}
+}
+
+func TestGossipKey(t *testing.T) {
+	key := func(c byte) string { return base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{c}, 32)) }
+	args := func(ip string, start int, k string, seeds ...string) []string {
+		a := nodeArgs(ip, "--host", ip, "--port", "0", "--gossip-key", k,
+			"--data-parallel-size", "3", "--data-parallel-size-local", "1", "--data-parallel-start-rank", fmt.Sprint(start))
+		if len(seeds) > 0 {
+			a = append(a, "--seeds", strings.Join(seeds, ","))
+		}
+		return a
+	}
+	a := startProc(t, "127.0.0.111", args("127.0.0.111", 0, key('a'))...)
+	if p, err := launch(t, "127.0.0.112", args("127.0.0.112", 1, key('b'), "127.0.0.111:7946")...); err == nil {
+		t.Fatalf("a node with another gossip key joined:\n%s", p.logs)
+	}
+	startProc(t, "127.0.0.113", args("127.0.0.113", 2, key('a'), "127.0.0.111:7946")...)
+	a.waitView("the node with the cluster's key is a member", 10*time.Second, func(v clusterView) bool { return len(v.Nodes) == 2 })
+}

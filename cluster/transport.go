@@ -1,0 +1,120 @@
+package cluster
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+
+	"github.com/asynkron/protoactor-go/remote"
+	"github.com/hashicorp/go-sockaddr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+)
+
+// TLSFiles are the PEM files of the actor transport's mutual TLS.
+type TLSFiles struct {
+	Cert, Key, CA string
+}
+
+func (f TLSFiles) set() bool { return f.Cert != "" || f.Key != "" || f.CA != "" }
+
+func (f TLSFiles) check() error {
+	if f.set() && (f.Cert == "" || f.Key == "" || f.CA == "") {
+		return flagError("--cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca go together: set all three or none")
+	}
+	return nil
+}
+
+// credentials builds mutual TLS for the actor transport: every node shows
+// a certificate signed by the cluster's CA and accepts only peers that do.
+// Peers are dialled by IP address, so what is checked is the signature, not
+// a host name: a certificate from the cluster CA is what makes a member.
+func (f TLSFiles) credentials() (credentials.TransportCredentials, error) {
+	pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: --cluster-tls-cert/--cluster-tls-key: %w", err)
+	}
+	caPEM, err := os.ReadFile(f.CA)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: --cluster-tls-ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("cluster: --cluster-tls-ca %s holds no PEM certificate", f.CA)
+	}
+	verify := func(raw [][]byte, _ [][]*x509.Certificate) error {
+		if len(raw) == 0 {
+			return errors.New("cluster: the peer showed no certificate")
+		}
+		certs := make([]*x509.Certificate, len(raw))
+		for i, r := range raw {
+			c, err := x509.ParseCertificate(r)
+			if err != nil {
+				return err
+			}
+			certs[i] = c
+		}
+		inter := x509.NewCertPool()
+		for _, c := range certs[1:] {
+			inter.AddCert(c)
+		}
+		_, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		return err
+	}
+	cfg := &tls.Config{
+		Certificates: []tls.Certificate{pair},
+		MinVersion:   tls.VersionTLS13,
+		// Both sides check the other's chain in VerifyPeerCertificate;
+		// the standard check would also want the dialled IP in the
+		// certificate.
+		InsecureSkipVerify:    true,
+		ClientAuth:            tls.RequireAnyClientCert,
+		VerifyPeerCertificate: verify,
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// transportConfig sets up the actor transport on bindHost:port, reachable
+// by other nodes at advertiseHost.
+func transportConfig(bindHost, advertiseHost string, port int, tlsFiles TLSFiles) (*remote.Config, error) {
+	if port == 0 {
+		// remote advertises a fixed address, so choose the port now.
+		ln, err := net.Listen("tcp", net.JoinHostPort(bindHost, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("cluster: finding a free port for the actor transport: %w", err)
+		}
+		port = ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+	}
+	opts := []remote.ConfigOption{remote.WithAdvertisedHost(net.JoinHostPort(advertiseHost, strconv.Itoa(port)))}
+	if tlsFiles.set() {
+		creds, err := tlsFiles.credentials()
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, remote.WithServerOptions(grpc.Creds(creds)), remote.WithDialOptions(grpc.WithTransportCredentials(creds)))
+	}
+	return remote.Configure(bindHost, port, opts...), nil
+}
+
+// advertiseHost is the address other nodes reach this one at: --advertise
+// if given, else the bind address unless it is a wildcard, else the
+// machine's private IP (as memberlist would choose).
+func advertiseHost(bindHost, advertise string) (string, error) {
+	if advertise != "" {
+		h, _, err := splitHostPort(advertise, 0)
+		return h, err
+	}
+	if ip := net.ParseIP(bindHost); ip != nil && !ip.IsUnspecified() {
+		return bindHost, nil
+	}
+	ip, err := sockaddr.GetPrivateIP()
+	if err != nil || ip == "" {
+		return "", flagError("cannot tell which address other nodes reach this one at; set --advertise")
+	}
+	return ip, nil
+}

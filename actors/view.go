@@ -50,9 +50,11 @@ type CoordinatorView struct {
 	RanksSeen int    `json:"ranks_seen"`
 	// RunningHere is true on the node that runs it.
 	RunningHere bool `json:"running_here"`
-	// The last load snapshot this node received from it.
-	SnapshotSeq  uint64    `json:"snapshot_seq"`
-	LastSnapshot time.Time `json:"last_snapshot,omitzero"`
+	// The last load snapshot this node received from it, and how many
+	// ranks had reported to it.
+	SnapshotSeq   uint64    `json:"snapshot_seq"`
+	LastSnapshot  time.Time `json:"last_snapshot,omitzero"`
+	RanksReported int       `json:"ranks_reported"`
 }
 
 // ClusterView is the whole cluster as one node sees it: /v1/cluster.
@@ -134,6 +136,7 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 	}
 	if snap := av.snapshot; snap != nil {
 		v.Coordinator.SnapshotSeq, v.Coordinator.LastSnapshot = snap.Seq, time.Unix(0, snap.PublishedUnixNano)
+		v.Coordinator.RanksReported = len(snap.Ranks)
 		for _, l := range snap.Ranks {
 			if slices.ContainsFunc(v.Ranks, func(r RankView) bool { return r.Rank == int(l.Rank) }) {
 				continue

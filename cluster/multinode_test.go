@@ -172,6 +172,10 @@ func TestCoordinatorNodeKilled(t *testing.T) {
 	after := b.waitView("B coordinates with a higher epoch", 30*time.Second, func(v clusterView) bool {
 		return v.Coordinator.RunningHere && v.Coordinator.Epoch > before.Coordinator.Epoch
 	})
+	// The new coordinator knew nothing; the engines' reports rebuild it.
+	b.waitView("the new coordinator has B's two ranks from their engines' reports", 5*time.Second, func(v clusterView) bool {
+		return v.Coordinator.RanksReported == 2 && v.Coordinator.SnapshotSeq > 0
+	})
 	failover := time.Since(killed)
 	close(stop)
 	wg.Wait()

@@ -204,10 +204,11 @@ type clusterView struct {
 		Balanced bool   `json:"balanced"`
 	} `json:"ranks"`
 	Coordinator struct {
-		Node        string `json:"node"`
-		Epoch       uint64 `json:"epoch"`
-		RunningHere bool   `json:"running_here"`
-		SnapshotSeq uint64 `json:"snapshot_seq"`
+		Node          string `json:"node"`
+		Epoch         uint64 `json:"epoch"`
+		RunningHere   bool   `json:"running_here"`
+		SnapshotSeq   uint64 `json:"snapshot_seq"`
+		RanksReported int    `json:"ranks_reported"`
 	} `json:"coordinator"`
 }
 

@@ -23,24 +23,26 @@ func TestRestartBackoffDoublesToItsCap(t *testing.T) {
 	}
 }
 
-// TestRequestsPinnedToADeadRankFailClearly crash-loops rank 0 (its
-// executor cannot be built after the first crash) and pins requests to
-// it: they wait for the rank, then fail with ErrNoRank; none hangs, and
-// rank 1 keeps serving meanwhile.
-func TestRequestsPinnedToADeadRankFailClearly(t *testing.T) {
-	tn := startTestNode(t, 2, 0.01, 0, 1, func(cfg *NodeConfig) {
-		cfg.ParkTimeout = 300 * time.Millisecond
-		inner := cfg.NewExecutor
-		var built atomic.Int32
-		cfg.NewExecutor = func(rank int, dev gpu.Device) (engine.Executor, error) {
-			if rank == 0 {
-				if built.Add(1) > 1 {
-					return nil, errors.New("injected: the GPU is gone")
-				}
-			}
-			return inner(rank, dev)
+// rankZeroDiesForGood makes rank 0's executor impossible to build after
+// its first crash, so that the rank crash-loops, and parks requests for
+// at most 300 ms.
+func rankZeroDiesForGood(cfg *NodeConfig) {
+	cfg.ParkTimeout = 300 * time.Millisecond
+	inner := cfg.NewExecutor
+	var built atomic.Int32
+	cfg.NewExecutor = func(rank int, dev gpu.Device) (engine.Executor, error) {
+		if rank == 0 && built.Add(1) > 1 {
+			return nil, errors.New("injected: the GPU is gone")
 		}
-	})
+		return inner(rank, dev)
+	}
+}
+
+// TestRequestsPinnedToADeadRankFailClearly crash-loops rank 0 and pins
+// requests to it: they wait for the rank, then fail with ErrNoRank; none
+// hangs, and rank 1 keeps serving meanwhile.
+func TestRequestsPinnedToADeadRankFailClearly(t *testing.T) {
+	tn := startTestNode(t, 2, 0.01, 0, 1, rankZeroDiesForGood)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	tok := tn.tok.Encode("pinned to a rank that will not come back")
@@ -75,17 +77,7 @@ func TestRequestsPinnedToADeadRankFailClearly(t *testing.T) {
 // other rank wakes the parked requests, and a pinned request that still
 // cannot go anywhere must keep its first deadline, not get a new one.
 func TestParkedDeadlineSurvivesOtherRanksRestarting(t *testing.T) {
-	tn := startTestNode(t, 2, 0.01, 0, 1, func(cfg *NodeConfig) {
-		cfg.ParkTimeout = 300 * time.Millisecond
-		inner := cfg.NewExecutor
-		var built atomic.Int32
-		cfg.NewExecutor = func(rank int, dev gpu.Device) (engine.Executor, error) {
-			if rank == 0 && built.Add(1) > 1 {
-				return nil, errors.New("injected: the GPU is gone")
-			}
-			return inner(rank, dev)
-		}
-	})
+	tn := startTestNode(t, 2, 0.01, 0, 1, rankZeroDiesForGood)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s := NewStream()

@@ -67,16 +67,19 @@ func TestReferenceScenarioHybrid(t *testing.T) {
 	}
 }
 
-// TestInternalModeReachesEveryRank runs steps in real time: a simulated
-// step much shorter than a network round trip would make remote ranks look
-// slow, which no GPU step is.
-func TestInternalModeReachesEveryRank(t *testing.T) {
-	a := startProc(t, "127.0.0.21", nodeArgs("127.0.0.21", "--host", "127.0.0.21", "--port", "0", "--sim-time-scale", "1",
+// startInternalPair runs internal load balancing over four ranks: an API
+// node on ipA with ranks 0-1 and a headless node on ipB with ranks 2-3. It
+// returns once the API node balances over all four. Steps run in real
+// time: a simulated step much shorter than a network round trip would
+// make remote ranks look slow, which no GPU step is.
+func startInternalPair(t *testing.T, ipA, ipB string) (a, b *proc) {
+	t.Helper()
+	a = startProc(t, ipA, nodeArgs(ipA, "--host", ipA, "--port", "0", "--sim-time-scale", "1",
 		"--data-parallel-lb", "internal", "--data-parallel-size", "4", "--data-parallel-size-local", "2")...)
-	startProc(t, "127.0.0.22", nodeArgs("127.0.0.22", "--headless", "--sim-time-scale", "1",
+	b = startProc(t, ipB, nodeArgs(ipB, "--headless", "--sim-time-scale", "1",
 		"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
-		"--seeds", "127.0.0.21:7946")...)
-	a.waitView("A balances over all four ranks", 10*time.Second, func(v clusterView) bool {
+		"--seeds", ipA+":7946")...)
+	a.waitView("the API node balances over all four ranks", 10*time.Second, func(v clusterView) bool {
 		ready := 0
 		for _, r := range v.Ranks {
 			if r.Balanced && r.Ready {
@@ -85,6 +88,11 @@ func TestInternalModeReachesEveryRank(t *testing.T) {
 		}
 		return ready == 4
 	})
+	return a, b
+}
+
+func TestInternalModeReachesEveryRank(t *testing.T) {
+	a, _ := startInternalPair(t, "127.0.0.21", "127.0.0.22")
 	const n = 200
 	if failed, err := burst(a.url, n, 5); failed > 0 {
 		t.Fatalf("%d of %d requests failed; first: %v", failed, n, err)
@@ -239,23 +247,7 @@ func TestSecondClaimantOfARankIsRefused(t *testing.T) {
 // stream ends token-exactly.
 func TestHungNodeIsNoticedAndItsStreamsMove(t *testing.T) {
 	// Real-time steps: the streams are still going when the node hangs.
-	args := func(ip string, extra ...string) []string {
-		return nodeArgs(ip, append(extra, "--sim-time-scale", "1")...)
-	}
-	a := startProc(t, "127.0.0.61", args("127.0.0.61", "--host", "127.0.0.61", "--port", "0",
-		"--data-parallel-lb", "internal", "--data-parallel-size", "4", "--data-parallel-size-local", "2")...)
-	b := startProc(t, "127.0.0.62", args("127.0.0.62", "--headless",
-		"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
-		"--seeds", "127.0.0.61:7946")...)
-	a.waitView("A balances over B's ranks", 10*time.Second, func(v clusterView) bool {
-		n := 0
-		for _, r := range v.Ranks {
-			if r.Balanced && r.Ready {
-				n++
-			}
-		}
-		return n == 4
-	})
+	a, b := startInternalPair(t, "127.0.0.61", "127.0.0.62")
 	const streams, tokens = 8, 300
 	texts := make([]string, streams)
 	errs := make([]error, streams)

@@ -24,7 +24,8 @@ import (
 func TestMain(m *testing.M) {
 	// protoactor's dead-letter throttle lives on for its one-second period
 	// after the system stops.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"),
+		goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"))
 }
 
 // crashingExecutor wraps the simulated executor and panics on the step

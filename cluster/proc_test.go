@@ -40,7 +40,8 @@ func TestMain(m *testing.M) {
 	if code == 0 {
 		// The in-process tests start actor systems; protoactor's
 		// dead-letter throttle outlives them by its one-second period.
-		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1")); err != nil {
+		if err := goleak.Find(goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"),
+			goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1")); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			code = 1
 		}

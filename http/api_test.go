@@ -32,7 +32,8 @@ const (
 func TestMain(m *testing.M) {
 	// protoactor's dead-letter throttle lives on for its one-second period
 	// after the system stops.
-	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"))
+	goleak.VerifyTestMain(m, goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewThrottle.func1.1"),
+		goleak.IgnoreAnyFunction("github.com/asynkron/protoactor-go/actor.NewDeadLetter.NewThrottle.func4.1"))
 }
 
 type testServer struct {

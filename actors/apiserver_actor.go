@@ -60,8 +60,11 @@ type APIServerConfig struct {
 	// BalanceRemote makes the API server send requests to other nodes'
 	// ranks as well as its own (internal load balancing).
 	BalanceRemote bool
-	Policy        dp.Policy
-	Restart       RestartPolicy
+	// ExpertParallel stamps requests with the wave and wakes the others
+	// when the engines are idle.
+	ExpertParallel bool
+	Policy         dp.Policy
+	Restart        RestartPolicy
 	// ParkTimeout bounds how long a request waits for a rank to become
 	// available (all ranks restarting, or its pinned rank down) before it
 	// fails with ErrNoRank.
@@ -100,6 +103,9 @@ type APIServerActor struct {
 	coordinator *actor.PID
 	coordEpoch  uint64
 	snapshot    *dpnodev1.LoadSnapshot
+	// waves is this API server's belief about the wave (expert
+	// parallelism).
+	waves dp.FrontendWave
 
 	// hosts are the other nodes whose ranks this API server balances
 	// over, by node name; subscribers are the API servers of other nodes
@@ -167,6 +173,7 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		// (an older epoch, or one across a healed partition) is not.
 		if a.coordinator != nil && msg.CoordinatorEpoch == a.coordEpoch {
 			a.snapshot = msg
+			a.waves.Observe(msg.CurrentWave, msg.EnginesRunning)
 		}
 	case *dpnodev1.SubscribeRanks:
 		a.subscribeRanks(ctx)
@@ -174,6 +181,8 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		a.remoteStatuses(ctx, ctx.Sender(), msg.Ranks)
 	case *dpnodev1.RankStatus:
 		a.remoteStatuses(ctx, ctx.Sender(), []*dpnodev1.RankStatus{msg})
+	case *groupStatus:
+		a.groupStatus(ctx, msg)
 	case *nodeUp:
 		a.nodeUp(ctx, msg)
 	case *nodeDown:
@@ -257,14 +266,22 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 	c.rank, c.parkedAt = r, time.Time{}
 	r.inflight++
 	r.metrics.inflight.Set(float64(r.inflight))
-	ctx.Request(r.pid, &dpnodev1.AddRequest{
+	add := &dpnodev1.AddRequest{
 		RequestId:       c.sub.ID,
 		PromptTokenIds:  c.sub.Prompt,
 		Sampling:        samplingToWire(c.sub.Sampling),
 		OutputTokenIds:  c.output,
 		EngineEpoch:     r.epoch.Load(),
 		ArrivalUnixNano: c.sub.Arrival.UnixNano(),
-	})
+	}
+	if a.cfg.ExpertParallel {
+		wave, notify := a.waves.Dispatch()
+		add.Wave = wave
+		if notify && a.coordinator != nil {
+			ctx.Send(a.coordinator, &dpnodev1.FirstRequest{TargetRank: uint32(r.rank), Wave: wave, ArrivalUnixNano: add.ArrivalUnixNano})
+		}
+	}
+	ctx.Request(r.pid, add)
 }
 
 func (a *APIServerActor) park(c *call) {
@@ -439,7 +456,7 @@ func (a *APIServerActor) coordinatorChanged(ctx actor.Context, msg *dpnodev1.Coo
 	}
 	for _, r := range a.ranks {
 		if r.local {
-			ctx.Send(r.pid, &setCoordinator{pid: a.coordinator})
+			ctx.Send(r.pid, &setCoordinator{pid: a.coordinator, epoch: a.coordEpoch})
 		}
 	}
 }

@@ -44,7 +44,9 @@ func engineID(rank int) string { return fmt.Sprintf("%s/engine-%d", apiServerID,
 func (a *APIServerActor) start(ctx actor.Context) {
 	a.self, a.root = ctx.Self(), ctx.ActorSystem().Root
 	for _, ec := range a.cfg.Engines {
-		r := &rankState{rank: ec.Rank, local: true, node: a.cfg.Node, cfg: ec, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(ec.Rank)}
+		r := &rankState{rank: ec.Rank, local: true, node: a.cfg.Node, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(ec.Rank)}
+		ec.Metrics = r.metrics
+		r.cfg = ec
 		r.epoch.Store(1)
 		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(NewEngineProducer(ec, r.epoch)), fmt.Sprintf("engine-%d", ec.Rank))
 		if err != nil {
@@ -86,7 +88,7 @@ func (a *APIServerActor) engineReady(ctx actor.Context, msg *dpnodev1.EngineRead
 	r.ready = true
 	r.metrics.ready.Set(1)
 	// A restarted engine starts without a coordinator.
-	ctx.Send(r.pid, &setCoordinator{pid: a.coordinator})
+	ctx.Send(r.pid, &setCoordinator{pid: a.coordinator, epoch: a.coordEpoch})
 	a.tellSubscribers(ctx, r)
 	if !a.allReady && !slices.ContainsFunc(a.ranks, func(r *rankState) bool { return r.local && !r.ready }) {
 		a.allReady = true
@@ -123,6 +125,34 @@ func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 		r.timer.Stop()
 	}
 	r.timer = time.AfterFunc(delay, msg.restart)
+}
+
+// groupStatus: a local engine left the expert-parallel group (it missed a
+// collective: the others go on without it) or rejoined it. Out of the
+// group it cannot step, so its requests move, as after a crash, and are
+// aborted in the engine, which is alive.
+func (a *APIServerActor) groupStatus(ctx actor.Context, msg *groupStatus) {
+	r := a.byRank[msg.rank]
+	if r == nil || !r.local || msg.epoch != r.epoch.Load() || r.ready == msg.in {
+		return
+	}
+	r.ready = msg.in
+	r.metrics.ready.Set(map[bool]float64{true: 1, false: 0}[msg.in])
+	a.tellSubscribers(ctx, r)
+	if msg.in {
+		a.unpark(ctx)
+		return
+	}
+	var ids []string
+	for id, c := range a.calls {
+		if c.rank == r {
+			ids = append(ids, id)
+		}
+	}
+	if n := a.move(ctx, r); n > 0 {
+		ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: ids})
+		a.cfg.Logger.Warn("a rank left the expert-parallel group; moved its requests", "rank", r.rank, "requests", n)
+	}
 }
 
 func (a *APIServerActor) applyStats(r *rankState, st *dpnodev1.EngineStats) {

@@ -17,8 +17,11 @@ type CoordinatorConfig struct {
 	// carries it, and receivers ignore older ones.
 	Epoch   uint64
 	Publish dp.PublishConfig
-	Metrics *Metrics
-	Logger  *slog.Logger
+	// ExpertParallel makes the coordinator run the waves and the group of
+	// ranks that step together.
+	ExpertParallel bool
+	Metrics        *Metrics
+	Logger         *slog.Logger
 }
 
 // CoordinatorActor aggregates the engines' stats and publishes load
@@ -39,6 +42,10 @@ type CoordinatorActor struct {
 	// timerGen tells the armed timer's tick from one of a timer replaced
 	// after it had already fired.
 	timerGen uint64
+	// waves and engines are the expert-parallel state: the wave, the
+	// group, and where each rank's engine is.
+	waves   *dp.CoordinatorWave
+	engines map[int]*actor.PID
 }
 
 type subscriber struct {
@@ -60,6 +67,9 @@ func (c *CoordinatorActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		c.self, c.root = ctx.Self(), ctx.ActorSystem().Root
 		c.pub = dp.NewPublisher(c.cfg.Publish)
+		if c.cfg.ExpertParallel {
+			c.waves, c.engines = dp.NewCoordinatorWave(c.cfg.Epoch), make(map[int]*actor.PID)
+		}
 		// A fresh coordinator knows nothing: its node tells everyone, and
 		// they subscribe and report to it again.
 		ctx.Send(ctx.Parent(), &coordinatorStarted{})
@@ -92,7 +102,81 @@ func (c *CoordinatorActor) Receive(ctx actor.Context) {
 			c.timerAt = time.Time{}
 			c.tick(ctx)
 		}
+	case *dpnodev1.JoinGroup, *dpnodev1.FirstRequest, *dpnodev1.EngineStartedWave, *dpnodev1.WaveComplete, *dpnodev1.CollectiveTimeout:
+		if c.waves != nil {
+			c.wave(ctx, msg)
+		}
 	}
+}
+
+// wave carries out the coordinator's part of the wave protocol.
+func (c *CoordinatorActor) wave(ctx actor.Context, msg any) {
+	switch m := msg.(type) {
+	case *dpnodev1.JoinGroup:
+		if ctx.Sender() == nil {
+			return
+		}
+		rank := int(m.Rank)
+		c.engines[rank] = ctx.Sender()
+		g := c.waves.Join(rank)
+		c.cfg.Logger.Debug("a rank joined the expert-parallel group", "rank", rank, "group", g.Ranks, "seq", g.Seq)
+		c.sendGroup(ctx, *g, nil)
+	case *dpnodev1.FirstRequest:
+		c.startWave(ctx, c.waves.FirstRequest(int(m.TargetRank), m.Wave), m.ArrivalUnixNano)
+	case *dpnodev1.EngineStartedWave:
+		c.startWave(ctx, c.waves.StartedWave(int(m.Rank), m.Wave), time.Now().UnixNano())
+	case *dpnodev1.WaveComplete:
+		if c.waves.WaveComplete(m.Wave) {
+			c.pub.Urgent()
+			c.tick(ctx)
+		}
+	case *dpnodev1.CollectiveTimeout:
+		g := c.waves.Group()
+		if m.CoordinatorEpoch != g.Epoch || m.Seq != g.Seq {
+			return // about a group already re-formed
+		}
+		missing := make([]int, len(m.Missing))
+		for i, r := range m.Missing {
+			missing[i] = int(r)
+		}
+		if ng := c.waves.Drop(missing); ng != nil {
+			c.cfg.Logger.Warn("ranks missed a collective; the group goes on without them", "missing", missing, "reported_by", m.Rank, "group", ng.Ranks)
+			// The dropped ranks hear it too: if alive, they ask back in.
+			c.sendGroup(ctx, *ng, missing)
+		}
+	}
+}
+
+func (c *CoordinatorActor) startWave(ctx actor.Context, sw *dp.StartWave, trigger int64) {
+	if sw == nil {
+		return
+	}
+	msg := &dpnodev1.StartWave{CoordinatorEpoch: c.cfg.Epoch, Wave: sw.Wave, ExcludeRank: int32(sw.Exclude), TriggerUnixNano: trigger}
+	for _, r := range c.waves.Group().Ranks {
+		if r != sw.Exclude {
+			ctx.Send(c.engines[r], msg)
+		}
+	}
+	c.pub.Urgent()
+	c.tick(ctx)
+}
+
+// sendGroup sends g to its members, or only to the ranks in to when set.
+func (c *CoordinatorActor) sendGroup(ctx actor.Context, g dp.Group, to []int) {
+	msg := &dpnodev1.GroupChanged{CoordinatorEpoch: g.Epoch, Seq: g.Seq}
+	for _, r := range g.Ranks {
+		msg.Members = append(msg.Members, &dpnodev1.GroupMember{Rank: uint32(r), ActorAddress: c.engines[r].Address})
+	}
+	if to == nil {
+		to = g.Ranks
+	}
+	for _, r := range to {
+		if pid := c.engines[r]; pid != nil {
+			ctx.Send(pid, msg)
+		}
+	}
+	c.pub.Changed()
+	c.tick(ctx)
 }
 
 // tick publishes if a snapshot is due and arms the timer for the next.
@@ -123,6 +207,12 @@ func (c *CoordinatorActor) snapshot(s subscriber, heartbeat bool) *dpnodev1.Load
 		Seq:               c.seq,
 		PublishedUnixNano: time.Now().UnixNano(),
 		Heartbeat:         heartbeat,
+	}
+	if c.waves != nil {
+		snap.CurrentWave, snap.EnginesRunning = c.waves.Wave()
+		for _, r := range c.waves.Group().Ranks {
+			snap.GroupRanks = append(snap.GroupRanks, uint32(r))
+		}
 	}
 	for rank, l := range c.loads {
 		if len(s.ranks) == 0 || slices.Contains(s.ranks, rank) {

@@ -23,7 +23,16 @@ type EngineConfig struct {
 	// NewExecutor builds the rank's executor each time the engine starts,
 	// so a restart after a crash starts from a clean executor too.
 	NewExecutor func() (engine.Executor, error)
-	Logger      *slog.Logger
+	// ExpertParallel makes the rank step in lockstep waves with every
+	// rank of the group (a MoE model with --enable-expert-parallel).
+	ExpertParallel bool
+	// CollectiveTimeout is how long a step waits for the other ranks'
+	// reports before asking the coordinator to re-form the group without
+	// the late ones.
+	CollectiveTimeout time.Duration
+	// Metrics are the rank's series; the engine records its waves.
+	Metrics *rankMetrics
+	Logger  *slog.Logger
 }
 
 // EngineActor runs one rank: it feeds the scheduler the requests and
@@ -46,17 +55,25 @@ type EngineActor struct {
 	// coordinator receives the stats when they change; nil while no
 	// coordinator runs. The supervisor sets it, and again when it moves.
 	coordinator *actor.PID
+	coordEpoch  uint64
 	// lastSent holds the stats last reported, to send only changes.
 	lastSent   engine.Stats
 	sentOnce   bool
 	clientsBuf []clientOutputs
+	// waves is the expert-parallel state; nil without expert parallelism.
+	waves *engineWaves
+	// sentWave and sentRunning are the wave state last reported.
+	sentWave    uint64
+	sentRunning bool
 }
 
-// setCoordinator tells an engine where to report its stats. The engine
-// reports its full stats at once, which is how a new coordinator rebuilds
-// its state.
+// setCoordinator tells an engine where to report its stats (and, with
+// expert parallelism, which coordinator's waves and groups to follow). The
+// engine reports its full stats at once, which is how a new coordinator
+// rebuilds its state.
 type setCoordinator struct {
-	pid *actor.PID
+	pid   *actor.PID
+	epoch uint64
 }
 
 type clientOutputs struct {
@@ -88,6 +105,9 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 		if e.stopStep != nil {
 			e.stopStep()
 		}
+		if e.waves != nil {
+			e.waves.stopTimer()
+		}
 	case *dpnodev1.AddRequest:
 		e.add(ctx, msg)
 	case *dpnodev1.AbortRequests:
@@ -98,9 +118,16 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 	case *stepDone:
 		e.finishStep(ctx, msg)
 	case *setCoordinator:
-		e.coordinator, e.sentOnce = msg.pid, false
+		e.coordinator, e.coordEpoch, e.sentOnce = msg.pid, msg.epoch, false
 		if e.inFlight == nil {
 			e.reportStats(ctx, nil)
+		}
+		if e.waves != nil {
+			e.waves.join(ctx, e)
+		}
+	case *dpnodev1.StartWave, *dpnodev1.StepReport, *dpnodev1.GroupChanged, *collectiveTick:
+		if e.waves != nil {
+			e.waves.receive(ctx, e, msg)
 		}
 	}
 }
@@ -116,6 +143,9 @@ func (e *EngineActor) start(ctx actor.Context) {
 	}
 	e.sched, e.exec = sched, exec
 	e.stepCtx, e.stopStep = context.WithCancel(context.Background())
+	if e.cfg.ExpertParallel {
+		e.waves = newEngineWaves(e.cfg.Rank, ctx.Self().Address)
+	}
 	ctx.Send(ctx.Parent(), &dpnodev1.EngineReady{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch})
 	e.reportStats(ctx, nil)
 }
@@ -144,16 +174,29 @@ func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest) {
 		})
 		return
 	}
+	if e.waves != nil {
+		e.waves.request(ctx, e, msg)
+		return
+	}
 	e.maybeStep(ctx)
 }
 
-// maybeStep starts a step when the engine is idle and has work. The step
-// runs on its own goroutine and reports back as a stepDone message.
+// maybeStep starts a step when the engine is idle and has work; with
+// expert parallelism the wave decides.
 func (e *EngineActor) maybeStep(ctx actor.Context) {
+	if e.waves != nil {
+		e.waves.pump(ctx, e)
+		return
+	}
 	if e.inFlight != nil || !e.sched.HasWork() {
 		return
 	}
-	batch := e.sched.Schedule()
+	e.launch(ctx, e.sched.Schedule())
+}
+
+// launch runs a step on its own goroutine; it reports back as a stepDone
+// message.
+func (e *EngineActor) launch(ctx actor.Context, batch *engine.Batch) {
 	e.inFlight = batch
 	exec, stepCtx, self, root := e.exec, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
 	go func() {
@@ -183,6 +226,18 @@ func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
 		panic(fmt.Errorf("engine rank %d: step %d failed: %w", e.cfg.Rank, msg.batch.Step, msg.err))
 	}
 	outs := e.sched.Update(msg.batch, msg.res)
+	if e.waves != nil {
+		// Before the outputs, so that the stats sent with them tell a
+		// wave's end.
+		e.waves.stepped(ctx, e, msg.batch)
+	}
+	e.sendOutputs(ctx, outs)
+	e.maybeStep(ctx)
+}
+
+// sendOutputs sends a step's outputs, one message per API server, with the
+// engine's stats when they changed.
+func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 	clients := e.clientsBuf[:0]
 	for i := range outs {
 		o := &outs[i]
@@ -206,7 +261,6 @@ func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
 		clients[i] = clientOutputs{}
 	}
 	e.clientsBuf = clients[:0]
-	e.maybeStep(ctx)
 }
 
 // reportStats sends the step's outputs, with the engine's stats attached
@@ -215,7 +269,7 @@ func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
 func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs) {
 	st := e.sched.Stats()
 	var wire *dpnodev1.EngineStats
-	if !e.sentOnce || statsChanged(e.lastSent, st) {
+	if !e.sentOnce || statsChanged(e.lastSent, st) || e.waveChanged() {
 		e.lastSent, e.sentOnce = st, true
 		wire = &dpnodev1.EngineStats{
 			Rank:               uint32(e.cfg.Rank),
@@ -227,6 +281,10 @@ func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs) {
 			PrefixCacheHits:    st.PrefixHits,
 			NumPreemptions:     st.NumPreemptions,
 			Step:               st.Steps,
+		}
+		if e.waves != nil {
+			wire.Wave, wire.WaveRunning = e.waves.w.Wave()
+			e.sentWave, e.sentRunning = wire.Wave, wire.WaveRunning
 		}
 	}
 	parentTold := false
@@ -257,6 +315,15 @@ func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs) {
 func statsChanged(a, b engine.Stats) bool {
 	return a.NumWaiting != b.NumWaiting || a.NumRunning != b.NumRunning ||
 		math.Abs(a.KVUsage-b.KVUsage) >= 0.01 || a.NumPreemptions != b.NumPreemptions
+}
+
+// waveChanged says whether the engine's wave moved since it last reported.
+func (e *EngineActor) waveChanged() bool {
+	if e.waves == nil {
+		return false
+	}
+	w, running := e.waves.w.Wave()
+	return w != e.sentWave || running != e.sentRunning
 }
 
 func samplingFromWire(s *dpnodev1.SamplingParams) engine.SamplingParams {

@@ -14,6 +14,10 @@ var (
 	ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
 	itlBuckets  = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
 	e2eBuckets  = []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}
+	// Waves and their collectives: sub-millisecond when steps are
+	// simulated at no cost, tens of milliseconds on GPUs.
+	shortBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+	ratioBuckets = []float64{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1}
 )
 
 // Metrics are a node's Prometheus series: vLLM's names with an engine
@@ -29,6 +33,9 @@ type Metrics struct {
 	restarts, migrated        *prometheus.CounterVec
 	redispatched, failed      *prometheus.CounterVec
 	inflight, ready           *prometheus.GaugeVec
+	waves, dummySteps         *prometheus.CounterVec
+	waveDuration, balance     *prometheus.HistogramVec
+	collectiveWait, waveStart *prometheus.HistogramVec
 	parked                    prometheus.Gauge
 	snapshots                 prometheus.Counter
 }
@@ -67,6 +74,16 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 			Help: "Requests that ended in an error, by reason."}, []string{"model_name", "reason"}),
 		inflight: gauge("dpnode_requests_in_flight", "Requests this API server has sent to the rank that have not finished."),
 		ready:    gauge("dpnode_engine_ready", "1 while the rank's engine takes requests."),
+		waves:    counter("dpnode_waves_total", "Waves the engine stepped in (expert parallelism)."),
+		dummySteps: counter("dpnode_dummy_steps_total",
+			"Steps the engine ran with no work, to keep a wave's collectives paired."),
+		waveDuration: hist("dpnode_wave_duration_seconds", "From an engine's first step of a wave to the wave's end.", e2eBuckets),
+		balance: hist("dpnode_step_balance_ratio",
+			"Mean over max of the tokens per rank in a step of a wave (1 is perfect balance).", ratioBuckets),
+		collectiveWait: hist("dpnode_collective_wait_seconds",
+			"From an engine's step report to having every rank's: the per-step collective's cost.", shortBuckets),
+		waveStart: hist("dpnode_wave_start_latency_seconds",
+			"From the request that started a wave (at its API server) to this engine's first step in it.", shortBuckets),
 		parked: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dpnode_requests_parked",
 			Help: "Requests waiting for a rank to become available.", ConstLabels: prometheus.Labels{"model_name": model}}),
 		snapshots: prometheus.NewCounter(prometheus.CounterOpts{Name: "dpnode_load_snapshots_total",
@@ -74,7 +91,8 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.success, m.promptTokens, m.generation,
 		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.ttft, m.itl, m.e2e, m.restarts,
-		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.parked, m.snapshots)
+		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.parked, m.snapshots,
+		m.waves, m.dummySteps, m.waveDuration, m.balance, m.collectiveWait, m.waveStart)
 	return m
 }
 
@@ -110,6 +128,9 @@ type rankMetrics struct {
 	restarts, migrated        prometheus.Counter
 	redispatched              prometheus.Counter
 	inflight, ready           prometheus.Gauge
+	waves, dummySteps         prometheus.Counter
+	waveDuration, balance     prometheus.Observer
+	collectiveWait, waveStart prometheus.Observer
 }
 
 func (m *Metrics) forRank(rank int) *rankMetrics {
@@ -130,6 +151,9 @@ func (m *Metrics) forRank(rank int) *rankMetrics {
 		ttft: m.ttft.With(l), itl: m.itl.With(l),
 		restarts: m.restarts.With(l), migrated: m.migrated.With(l), redispatched: m.redispatched.With(l),
 		inflight: m.inflight.With(l), ready: m.ready.With(l),
+		waves: m.waves.With(l), dummySteps: m.dummySteps.With(l),
+		waveDuration: m.waveDuration.With(l), balance: m.balance.With(l),
+		collectiveWait: m.collectiveWait.With(l), waveStart: m.waveStart.With(l),
 	}
 }
 

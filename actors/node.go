@@ -45,6 +45,13 @@ type NodeConfig struct {
 	Remote *remote.Config
 	// HTTPAddress is gossiped for views; empty for a headless node.
 	HTTPAddress string
+	// ExpertParallel makes the ranks step in lockstep waves
+	// (--enable-expert-parallel, a MoE model).
+	ExpertParallel bool
+	// CollectiveTimeout bounds a step's wait for the other ranks' reports
+	// before the group re-forms without the late ones; vLLM waits for
+	// NCCL's timeout, minutes, with the whole group stuck.
+	CollectiveTimeout time.Duration
 	// AwaitMembership holds the coordinator election until
 	// MembershipReady: a node that has not yet heard of the cluster it
 	// joins would elect itself. Off for a node that has no peers.
@@ -67,7 +74,10 @@ func DefaultNodeConfig() NodeConfig {
 		MaxMigrations: 3,
 		Publish:       dp.DefaultPublishConfig(),
 		StartTimeout:  time.Minute,
-		Logger:        slog.Default(),
+		// Far above a step (tens of ms on GPUs), far below a client's
+		// patience.
+		CollectiveTimeout: 5 * time.Second,
+		Logger:            slog.Default(),
 	}
 }
 
@@ -145,6 +155,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		Mode:             topo.Mode.String(),
 		Headless:         topo.Headless,
 		Model:            cfg.Model,
+		ExpertParallel:   cfg.ExpertParallel,
 	}
 	props := actor.PropsFromProducer(func() actor.Actor { return &nodeActor{cfg: cfg, self: n.meta, metrics: n.metrics, fail: n.fail} },
 		actor.WithSupervisor(actor.NewOneForOneStrategy(10, time.Minute, actor.DefaultDecider)))
@@ -375,11 +386,13 @@ func (n *nodeActor) start(ctx actor.Context) {
 	for i := range engines {
 		rank, dev := cfg.Topology.StartRank+i, cfg.Devices[i]
 		engines[i] = EngineConfig{
-			Rank:        rank,
-			Device:      fmt.Sprintf("%d:%s (%s)", dev.Index, dev.UUID, dev.Name),
-			Scheduler:   cfg.Scheduler,
-			NewExecutor: func() (engine.Executor, error) { return cfg.NewExecutor(rank, dev) },
-			Logger:      cfg.Logger.With("rank", rank),
+			Rank:              rank,
+			Device:            fmt.Sprintf("%d:%s (%s)", dev.Index, dev.UUID, dev.Name),
+			Scheduler:         cfg.Scheduler,
+			NewExecutor:       func() (engine.Executor, error) { return cfg.NewExecutor(rank, dev) },
+			ExpertParallel:    cfg.ExpertParallel,
+			CollectiveTimeout: cfg.CollectiveTimeout,
+			Logger:            cfg.Logger.With("rank", rank),
 		}
 	}
 	api, err := ctx.SpawnNamed(actor.PropsFromProducer(NewAPIServerProducer(APIServerConfig{
@@ -387,6 +400,7 @@ func (n *nodeActor) start(ctx actor.Context) {
 		Engines:          engines,
 		DataParallelSize: cfg.Topology.Size,
 		BalanceRemote:    cfg.Topology.BalancesRemote(),
+		ExpertParallel:   cfg.ExpertParallel,
 		Policy:           cfg.Policy,
 		Restart:          cfg.Restart,
 		ParkTimeout:      cfg.ParkTimeout,
@@ -443,10 +457,11 @@ func (n *nodeActor) reelect(ctx actor.Context) {
 	switch {
 	case mine && n.coord == nil:
 		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(NewCoordinatorProducer(CoordinatorConfig{
-			Epoch:   e.Epoch,
-			Publish: n.cfg.Publish,
-			Metrics: n.metrics,
-			Logger:  n.cfg.Logger,
+			Epoch:          e.Epoch,
+			Publish:        n.cfg.Publish,
+			ExpertParallel: n.cfg.ExpertParallel,
+			Metrics:        n.metrics,
+			Logger:         n.cfg.Logger,
 		})), "coordinator")
 		if err != nil {
 			// The previous incarnation is still stopping; Terminated

@@ -54,7 +54,12 @@ type testNode struct {
 // executor of rank crashRank panics on its crashAt-th step (0: never).
 func startTestNode(t *testing.T, ranks int, timeScale float64, crashRank int, crashAt int64, mutate ...func(*NodeConfig)) *testNode {
 	t.Helper()
-	profile, err := sim.LoadProfile(dpnode.SimProfiles, "llama-3.1-8b-h100")
+	return startProfileNode(t, "llama-3.1-8b-h100", ranks, timeScale, crashRank, crashAt, mutate...)
+}
+
+func startProfileNode(t *testing.T, profileName string, ranks int, timeScale float64, crashRank int, crashAt int64, mutate ...func(*NodeConfig)) *testNode {
+	t.Helper()
+	profile, err := sim.LoadProfile(dpnode.SimProfiles, profileName)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,6 +26,9 @@ type RankView struct {
 	Restarts int     `json:"restarts_last_window"`
 	Steps    uint64  `json:"steps"`
 	Device   string  `json:"device,omitempty"`
+	// The engine's wave, with expert parallelism.
+	Wave        uint64 `json:"wave"`
+	WaveRunning bool   `json:"wave_running"`
 }
 
 // NodeView is one member of the cluster.
@@ -55,6 +58,10 @@ type CoordinatorView struct {
 	SnapshotSeq   uint64    `json:"snapshot_seq"`
 	LastSnapshot  time.Time `json:"last_snapshot,omitzero"`
 	RanksReported int       `json:"ranks_reported"`
+	// The wave, and the ranks stepping together (expert parallelism).
+	Wave        uint64   `json:"wave"`
+	WaveRunning bool     `json:"wave_running"`
+	Group       []uint32 `json:"group,omitempty"`
 }
 
 // ClusterView is the whole cluster as one node sees it: /v1/cluster.
@@ -89,8 +96,9 @@ func (a *APIServerActor) view() *apiServerView {
 				rv.Restarts++
 			}
 		}
-		if r.stats != nil {
-			rv.Waiting, rv.Running, rv.KVUsage, rv.Steps = int(r.stats.NumWaiting), int(r.stats.NumRunning), float64(r.stats.KvCacheUsage), r.stats.Step
+		if s := r.stats; s != nil {
+			rv.Waiting, rv.Running, rv.KVUsage, rv.Steps = int(s.NumWaiting), int(s.NumRunning), float64(s.KvCacheUsage), s.Step
+			rv.Wave, rv.WaveRunning = s.Wave, s.WaveRunning
 		}
 		v.ranks = append(v.ranks, rv)
 	}
@@ -137,6 +145,7 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 	if snap := av.snapshot; snap != nil {
 		v.Coordinator.SnapshotSeq, v.Coordinator.LastSnapshot = snap.Seq, time.Unix(0, snap.PublishedUnixNano)
 		v.Coordinator.RanksReported = len(snap.Ranks)
+		v.Coordinator.Wave, v.Coordinator.WaveRunning, v.Coordinator.Group = snap.CurrentWave, snap.EnginesRunning, snap.GroupRanks
 		for _, l := range snap.Ranks {
 			if slices.ContainsFunc(v.Ranks, func(r RankView) bool { return r.Rank == int(l.Rank) }) {
 				continue

@@ -186,6 +186,10 @@ func (d *delegate) conflict(peer *memberlist.Node) error {
 	if err != nil {
 		return err
 	}
+	if meta.ExpertParallel != d.cfg.Meta.ExpertParallel {
+		return fmt.Errorf("cluster: node %s runs with --enable-expert-parallel=%v and this node with %v; every node of a cluster must agree",
+			peer.Name, meta.ExpertParallel, d.cfg.Meta.ExpertParallel)
+	}
 	return dp.RankConflict(d.self, []dp.Member{{Name: peer.Name, Boot: meta.BootUnixNano, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)}})
 }
 

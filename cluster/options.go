@@ -62,6 +62,11 @@ type Options struct {
 	// GPUs is the number of virtual GPUs when NVML is absent.
 	GPUs int
 
+	// ExpertParallel steps the ranks in lockstep waves (a MoE model);
+	// CollectiveTimeout bounds a step's wait for the other ranks.
+	ExpertParallel    bool
+	CollectiveTimeout time.Duration
+
 	APIKey              string
 	MaxNumSeqs          int
 	MaxNumBatchedTokens int
@@ -93,6 +98,7 @@ func DefaultOptions() Options {
 		SimProfile:            "llama-3.1-8b-h100",
 		SimTimeScale:          1,
 		GPUs:                  2,
+		CollectiveTimeout:     5 * time.Second,
 		DrainTimeout:          30 * time.Second,
 	}
 }
@@ -144,6 +150,8 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--gpus must be at least 1, got %d", o.GPUs)
 	case o.MaxNumSeqs < 0, o.MaxNumBatchedTokens < 0, o.MaxModelLen < 0:
 		return nil, flagError("--max-num-seqs, --max-num-batched-tokens and --max-model-len must not be negative")
+	case o.CollectiveTimeout <= 0:
+		return nil, flagError("--ep-collective-timeout must be positive, got %v", o.CollectiveTimeout)
 	case o.DrainTimeout < 0:
 		return nil, flagError("--drain-timeout must not be negative, got %v", o.DrainTimeout)
 	case o.Headless && o.APIKey != "":
@@ -175,6 +183,16 @@ func (o Options) check() (*plan, error) {
 		return nil, fmt.Errorf("%w: --sim-profile: %w", errFlags, err)
 	}
 	p.profile = profile
+	if o.ExpertParallel {
+		if profile.Kind != sim.KindMoE {
+			return nil, flagError("--enable-expert-parallel needs a mixture-of-experts model; the profile %s is %s (try --sim-profile qwen3-30b-a3b-h200)", profile.Name, profile.Kind)
+		}
+		// The group is every rank of the deployment.
+		size, _ := dp.Resolve(p.flags, max(o.GPUs, 1))
+		if err := profile.CheckExpertParallel(size.Size); err != nil {
+			return nil, fmt.Errorf("%w: --enable-expert-parallel: %w", errFlags, err)
+		}
+	}
 	p.served = o.ServedModelName
 	if p.served == "" {
 		p.served = o.Model

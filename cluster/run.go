@@ -107,6 +107,8 @@ func Start(o Options) (*Running, error) {
 	cfg.Remote = transport
 	cfg.HTTPAddress = httpAddr
 	cfg.AwaitMembership = true
+	cfg.ExpertParallel = o.ExpertParallel
+	cfg.CollectiveTimeout = o.CollectiveTimeout
 	cfg.NewExecutor = func(int, gpu.Device) (engine.Executor, error) {
 		return sim.NewExecutor(sim.ExecutorConfig{Profile: p.profile, Tokenizer: tok, Clock: engine.RealClock{}, TimeScale: o.SimTimeScale})
 	}

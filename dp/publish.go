@@ -22,6 +22,7 @@ func DefaultPublishConfig() PublishConfig {
 type Publisher struct {
 	cfg     PublishConfig
 	dirty   bool
+	urgent  bool
 	last    time.Time
 	started bool
 }
@@ -33,11 +34,15 @@ func NewPublisher(cfg PublishConfig) *Publisher { return &Publisher{cfg: cfg} }
 // Changed records that some load changed.
 func (p *Publisher) Changed() { p.dirty = true }
 
+// Urgent records a change that must go out at once, not after the
+// interval: a wave starting or ending, which frontends act on.
+func (p *Publisher) Urgent() { p.dirty, p.urgent = true, true }
+
 // Due says whether to publish at now, whether that snapshot is a heartbeat
 // (nothing changed), and when to ask again if nothing else happens.
 func (p *Publisher) Due(now time.Time) (publish, heartbeat bool, next time.Time) {
 	switch {
-	case !p.started:
+	case !p.started, p.urgent:
 		publish = true
 	case p.dirty && now.Sub(p.last) >= p.cfg.MinInterval:
 		publish = true
@@ -45,7 +50,7 @@ func (p *Publisher) Due(now time.Time) (publish, heartbeat bool, next time.Time)
 		publish, heartbeat = true, true
 	}
 	if publish {
-		p.started, p.dirty, p.last = true, false, now
+		p.started, p.dirty, p.urgent, p.last = true, false, false, now
 		return publish, heartbeat, now.Add(p.cfg.Heartbeat)
 	}
 	if p.dirty {

@@ -26,6 +26,7 @@ func TestPublisherCadence(t *testing.T) {
 		{at: 150 * time.Millisecond, publish: false, next: 3100 * time.Millisecond},
 		{at: 3100 * time.Millisecond, publish: true, heartbeat: true, next: 6100 * time.Millisecond},
 		{at: 5 * time.Second, change: true, publish: true, next: 8 * time.Second},
+		{at: 5010 * time.Millisecond, change: true, publish: false, next: 5100 * time.Millisecond},
 	}
 	for i, s := range steps {
 		if s.change {
@@ -36,5 +37,10 @@ func TestPublisherCadence(t *testing.T) {
 			t.Fatalf("step %d at %v: publish=%v heartbeat=%v next=%v; want %v %v %v",
 				i, s.at, publish, hb, next.Sub(t0), s.publish, s.heartbeat, s.next)
 		}
+	}
+	// A wave change cannot wait for the interval.
+	p.Urgent()
+	if publish, _, _ := p.Due(at(5020 * time.Millisecond)); !publish {
+		t.Fatal("an urgent change waited for the interval")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/dpnode/dpnode/engine"
 )
 
 // The wave protocol keeps the ranks of a mixture-of-experts model with
@@ -43,12 +45,12 @@ type Group struct {
 	Ranks []int
 }
 
-// Newer reports whether g was formed after o.
+// Newer reports whether g replaces o: a later group of the same
+// coordinator, or any group of another coordinator incarnation (an engine
+// hears groups only from the coordinator its node follows, whose epoch
+// may be lower after a partition heals).
 func (g Group) Newer(o Group) bool {
-	if g.Epoch != o.Epoch {
-		return g.Epoch > o.Epoch
-	}
-	return g.Seq > o.Seq
+	return g.Epoch != o.Epoch || g.Seq > o.Seq
 }
 
 // Has reports whether rank is in the group.
@@ -75,6 +77,8 @@ type StepReport struct {
 	Tokens int
 	// Unfinished is true when the rank holds requests.
 	Unfinished bool
+	// Shape is what the rank computes in the step, for pricing it.
+	Shape engine.Shape
 }
 
 // StartWave is the coordinator's order to step in a wave.
@@ -139,13 +143,16 @@ func (c *CoordinatorWave) WaveComplete(w uint64) bool {
 }
 
 // Join admits rank to the group (a new, restarted or returning engine)
-// and returns the new group, or nil when it was in it already.
+// and returns the new group. A rank that is a member already is re-admitted
+// all the same: its engine may have restarted in the middle of a step,
+// and only a new group makes the members that wait in that step send
+// their reports again, for the restarted engine to join it.
 func (c *CoordinatorWave) Join(rank int) *Group {
-	if c.group.Has(rank) {
-		return nil
+	ranks := c.group.Ranks
+	if !c.group.Has(rank) {
+		ranks = append(slices.Clone(ranks), rank)
+		slices.Sort(ranks)
 	}
-	ranks := append(slices.Clone(c.group.Ranks), rank)
-	slices.Sort(ranks)
 	return c.reform(ranks)
 }
 
@@ -241,6 +248,9 @@ func (e *EngineWave) InGroup() bool { return e.group.Has(e.rank) }
 // Awaiting reports whether the engine waits for the others' reports.
 func (e *EngineWave) Awaiting() bool { return e.awaiting }
 
+// Own is the engine's report for the open step, as last labelled.
+func (e *EngineWave) Own() StepReport { return e.own }
+
 // enter starts stepping in wave w, at the latest step any member already
 // reported for it.
 func (e *EngineWave) enter(w uint64) {
@@ -303,11 +313,11 @@ func (e *EngineWave) SetGroup(g Group) (resend, excluded bool) {
 // engine's report, which goes to every other member. now starts the
 // collective's timeout. Begin must only be called while running, a
 // member, and not awaiting.
-func (e *EngineWave) Begin(tokens int, unfinished bool, now time.Time) StepReport {
+func (e *EngineWave) Begin(tokens int, unfinished bool, shape engine.Shape, now time.Time) StepReport {
 	if !e.running || e.awaiting || !e.group.Has(e.rank) {
 		panic("dp: Begin outside a running step")
 	}
-	e.own = StepReport{Rank: e.rank, Wave: e.wave, Step: e.step, Tokens: tokens, Unfinished: unfinished}
+	e.own = StepReport{Rank: e.rank, Wave: e.wave, Step: e.step, Tokens: tokens, Unfinished: unfinished, Shape: shape}
 	e.awaiting, e.since = true, now
 	e.record(e.own)
 	return e.own

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"pgregory.net/rapid"
+
+	"github.com/dpnode/dpnode/engine"
 )
 
 // waveSim runs the three wave state machines over a pool of messages that
@@ -194,7 +196,7 @@ func (s *waveSim) tick() {
 				if s.doneAll() {
 					s.stepsAfterDone[r]++
 				}
-				rep := e.Begin(min(s.work[r], 1), s.work[r] > 0, s.now)
+				rep := e.Begin(min(s.work[r], 1), s.work[r] > 0, engine.Shape{}, s.now)
 				s.workAtReport[[3]uint64{uint64(r), rep.Wave, rep.Step}] = s.work[r]
 				s.broadcastReport(r, rep)
 			}
@@ -315,8 +317,8 @@ func TestCollectiveTimeoutReformsTheGroupWithoutTheLostRank(t *testing.T) {
 	for _, e := range es[:2] {
 		e.Start(StartWave{Wave: 0, Exclude: -1})
 	}
-	r0 := es[0].Begin(5, true, t0)
-	r1 := es[1].Begin(3, true, t0)
+	r0 := es[0].Begin(5, true, engine.Shape{}, t0)
+	r1 := es[1].Begin(3, true, engine.Shape{}, t0)
 	es[0].Receive(r1)
 	es[1].Receive(r0)
 	if _, ok := es[0].Complete(); ok {
@@ -364,7 +366,7 @@ func TestRejoinMidWaveTakesTheGroupsStep(t *testing.T) {
 	}
 	// Steps 0-4 of wave 3 between ranks 0 and 1.
 	for range 5 {
-		a, b := es[0].Begin(1, true, t0), es[1].Begin(1, true, t0)
+		a, b := es[0].Begin(1, true, engine.Shape{}, t0), es[1].Begin(1, true, engine.Shape{}, t0)
 		es[0].Receive(b)
 		es[1].Receive(a)
 		for _, e := range es[:2] {
@@ -380,11 +382,11 @@ func TestRejoinMidWaveTakesTheGroupsStep(t *testing.T) {
 		e.SetGroup(*g)
 	}
 	es[2].Start(StartWave{Wave: 3, Exclude: -1})
-	late := es[2].Begin(0, false, t0)
+	late := es[2].Begin(0, false, engine.Shape{}, t0)
 	if late.Step != 0 {
 		t.Fatalf("the joiner began at step %d", late.Step)
 	}
-	a, b := es[0].Begin(1, true, t0), es[1].Begin(1, true, t0)
+	a, b := es[0].Begin(1, true, engine.Shape{}, t0), es[1].Begin(1, true, engine.Shape{}, t0)
 	if a.Step != 5 {
 		t.Fatalf("the group is at step %d, want 5", a.Step)
 	}

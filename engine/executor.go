@@ -36,12 +36,8 @@ type ScheduledRequest struct {
 	Decode bool
 }
 
-// Batch is what one step computes.
-type Batch struct {
-	// Step counts the engine's steps from 1.
-	Step     uint64
-	Requests []ScheduledRequest
-	// The batch's shape, for cost models.
+// Shape is what a step computes, for cost models.
+type Shape struct {
 	NumPrefillTokens int
 	// PrefillContextProduct sums, over prefill chunks, the chunk's tokens
 	// times the mean context each of them attends to: the tokens before the
@@ -49,6 +45,31 @@ type Batch struct {
 	PrefillContextProduct int64
 	NumDecodeSeqs         int
 	DecodeContextTokens   int64
+}
+
+// Collective describes a step of an expert-parallel group: every rank of
+// the group steps together, exchanging expert tokens, so the step lasts as
+// long as the slowest rank's.
+type Collective struct {
+	// Shapes are the group's ranks' shapes in this step, this rank's
+	// included; a rank in a dummy step has a zero shape.
+	Shapes []Shape
+	// TotalTokens is the tokens computed across the group.
+	TotalTokens int
+	// CrossNode is true when the group spans nodes.
+	CrossNode bool
+}
+
+// Batch is what one step computes.
+type Batch struct {
+	// Step counts the engine's steps from 1.
+	Step     uint64
+	Requests []ScheduledRequest
+	Shape
+	// Collective is set for a step of an expert-parallel group. A batch
+	// with no requests is then a dummy step: the rank has no work but must
+	// take part in the collective.
+	Collective *Collective
 }
 
 // Empty reports whether the batch computes nothing.

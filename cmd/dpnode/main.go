@@ -83,6 +83,8 @@ calibrated simulated executor.`,
 	f.StringVar(&o.TLS.Cert, "cluster-tls-cert", "", "PEM certificate of this node for the actor transport (mutual TLS)")
 	f.StringVar(&o.TLS.Key, "cluster-tls-key", "", "PEM private key of --cluster-tls-cert")
 	f.StringVar(&o.TLS.CA, "cluster-tls-ca", "", "PEM certificate of the cluster CA that signs every node's certificate")
+	f.BoolVar(&o.ExpertParallel, "enable-expert-parallel", false, "MoE with expert parallelism: ranks step in lockstep waves (needs a MoE profile)")
+	f.DurationVar(&o.CollectiveTimeout, "ep-collective-timeout", o.CollectiveTimeout, "how long a step waits for a lost rank before the others go on without it")
 	f.StringVar(&o.Model, "model", "", "model to serve (default: the simulated profile's model)")
 	f.StringVar(&o.ServedModelName, "served-model-name", "", "model name clients use (default: --model)")
 	f.StringVar(&o.Engine, "engine", o.Engine, "executor: sim (the calibrated simulated executor)")

@@ -47,19 +47,36 @@ func NewExecutor(cfg ExecutorConfig) (*Executor, error) {
 	return &Executor{cfg: cfg}, nil
 }
 
-// Shape is the cost model's view of a batch.
-func Shape(b *engine.Batch) BatchShape {
+// Shape is the cost model's view of a step's shape.
+func Shape(s engine.Shape) BatchShape {
 	return BatchShape{
-		PrefillTokens:         b.NumPrefillTokens,
-		PrefillContextProduct: b.PrefillContextProduct,
-		DecodeSeqs:            b.NumDecodeSeqs,
-		DecodeContextTokens:   b.DecodeContextTokens,
+		PrefillTokens:         s.NumPrefillTokens,
+		PrefillContextProduct: s.PrefillContextProduct,
+		DecodeSeqs:            s.NumDecodeSeqs,
+		DecodeContextTokens:   s.DecodeContextTokens,
 	}
+}
+
+// StepTime is how long a batch takes: its own modelled time, or in an
+// expert-parallel group the slowest rank's (each with its part of the
+// all-to-all), since the group steps together.
+func (e *Executor) StepTime(b *engine.Batch) time.Duration {
+	c := b.Collective
+	if c == nil {
+		return e.cfg.Profile.StepTime(Shape(b.Shape))
+	}
+	var slowest time.Duration
+	for _, s := range c.Shapes {
+		bs := Shape(s)
+		bs.EPRanks, bs.EPTotalTokens, bs.CrossNode = len(c.Shapes), c.TotalTokens, c.CrossNode
+		slowest = max(slowest, e.cfg.Profile.StepTime(bs))
+	}
+	return slowest
 }
 
 // Execute implements engine.Executor.
 func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepResult, error) {
-	d := e.cfg.Profile.StepTime(Shape(b))
+	d := e.StepTime(b)
 	res := engine.StepResult{Tokens: make([]uint32, len(b.Requests)), Duration: d}
 	for i := range b.Requests {
 		r := &b.Requests[i]

@@ -34,14 +34,14 @@ func TestExecutorSleepsTheScaledModelledTime(t *testing.T) {
 			{ID: "a", PromptHash: 1, Sampling: sp, NumNewTokens: 100, SampleIndex: 0},
 			{ID: "b", PromptHash: 2, Sampling: sp, NumComputed: 499, NumNewTokens: 1, SampleIndex: 3, Decode: true},
 		},
-		NumPrefillTokens: 100, PrefillContextProduct: 100 * 50,
-		NumDecodeSeqs: 1, DecodeContextTokens: 500,
+		Shape: engine.Shape{NumPrefillTokens: 100, PrefillContextProduct: 100 * 50,
+			NumDecodeSeqs: 1, DecodeContextTokens: 500},
 	}
 	res, err := e.Execute(context.Background(), b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := e.cfg.Profile.StepTime(Shape(b))
+	want := e.cfg.Profile.StepTime(Shape(b.Shape))
 	if res.Duration != want || clock.Now().Sub(time.Unix(0, 0)) != want/2 {
 		t.Fatalf("duration %v, clock moved %v; want %v and half of it", res.Duration, clock.Now().Sub(time.Unix(0, 0)), want)
 	}
@@ -53,7 +53,7 @@ func TestExecutorSleepsTheScaledModelledTime(t *testing.T) {
 func TestZeroTimeScaleDoesNotSleep(t *testing.T) {
 	clock := engine.NewVirtualClock(time.Unix(0, 0))
 	e := newTestExecutor(t, 0, clock)
-	b := &engine.Batch{Requests: []engine.ScheduledRequest{{Sampling: &engine.SamplingParams{}, NumNewTokens: 8, SampleIndex: 0}}, NumPrefillTokens: 8}
+	b := &engine.Batch{Requests: []engine.ScheduledRequest{{Sampling: &engine.SamplingParams{}, NumNewTokens: 8, SampleIndex: 0}}, Shape: engine.Shape{NumPrefillTokens: 8}}
 	if _, err := e.Execute(context.Background(), b); err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +66,7 @@ func TestExecuteReturnsWhenCancelled(t *testing.T) {
 	e := newTestExecutor(t, 1000, engine.RealClock{})
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	b := &engine.Batch{Requests: []engine.ScheduledRequest{{Sampling: &engine.SamplingParams{}, NumNewTokens: 8, SampleIndex: 0}}, NumPrefillTokens: 8}
+	b := &engine.Batch{Requests: []engine.ScheduledRequest{{Sampling: &engine.SamplingParams{}, NumNewTokens: 8, SampleIndex: 0}}, Shape: engine.Shape{NumPrefillTokens: 8}}
 	if _, err := e.Execute(ctx, b); err == nil {
 		t.Fatal("a cancelled step reported success")
 	}
@@ -178,4 +178,32 @@ func FuzzTokenizerEncode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCollectiveStepLastsAsLongAsTheSlowestRank prices an expert-parallel
+// step: the group waits for its busiest rank, and a group of dummy steps
+// still costs the dummy batch and the all-to-all.
+func TestCollectiveStepLastsAsLongAsTheSlowestRank(t *testing.T) {
+	clock := engine.NewVirtualClock(time.Unix(0, 0))
+	e, err := NewExecutor(ExecutorConfig{Profile: loadProfile(t, "qwen3-30b-a3b-h200"), Tokenizer: NewTokenizer(0), Clock: clock, TimeScale: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	heavy := engine.Shape{NumPrefillTokens: 2048, PrefillContextProduct: 2048 * 1024}
+	light := engine.Shape{NumDecodeSeqs: 4, DecodeContextTokens: 4000}
+	c := &engine.Collective{Shapes: []engine.Shape{light, heavy, {}}, TotalTokens: 2052}
+	got := e.StepTime(&engine.Batch{Shape: light, Collective: c})
+	want := e.cfg.Profile.StepTime(BatchShape{PrefillTokens: 2048, PrefillContextProduct: 2048 * 1024, EPRanks: 3, EPTotalTokens: 2052})
+	if got != want || got <= e.cfg.Profile.StepTime(Shape(light)) {
+		t.Fatalf("the light rank's step takes %v, want the heavy rank's %v", got, want)
+	}
+	dummies := &engine.Collective{Shapes: make([]engine.Shape, 4)}
+	if d := e.StepTime(&engine.Batch{Collective: dummies}); d <= 0 {
+		t.Fatalf("a step of four dummies takes %v", d)
+	}
+	cross := *c
+	cross.CrossNode = true
+	if e.StepTime(&engine.Batch{Collective: &cross}) <= got {
+		t.Fatal("a collective across nodes costs no more than within one")
+	}
 }

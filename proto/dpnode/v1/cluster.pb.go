@@ -42,9 +42,12 @@ type NodeMeta struct {
 	Mode     string `protobuf:"bytes,7,opt,name=mode,proto3" json:"mode,omitempty"`
 	Headless bool   `protobuf:"varint,8,opt,name=headless,proto3" json:"headless,omitempty"`
 	// The served model name; nodes of one cluster serve the same model.
-	Model         string `protobuf:"bytes,9,opt,name=model,proto3" json:"model,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Model string `protobuf:"bytes,9,opt,name=model,proto3" json:"model,omitempty"`
+	// Whether ranks step in lockstep waves (--enable-expert-parallel); all
+	// nodes of a cluster agree.
+	ExpertParallel bool `protobuf:"varint,10,opt,name=expert_parallel,json=expertParallel,proto3" json:"expert_parallel,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *NodeMeta) Reset() {
@@ -138,6 +141,13 @@ func (x *NodeMeta) GetModel() string {
 		return x.Model
 	}
 	return ""
+}
+
+func (x *NodeMeta) GetExpertParallel() bool {
+	if x != nil {
+		return x.ExpertParallel
+	}
+	return false
 }
 
 // SubscribeRanks asks a node's supervisor for the status of its ranks:
@@ -345,7 +355,7 @@ var File_dpnode_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x17dpnode/v1/cluster.proto\x12\tdpnode.v1\"\xaa\x02\n" +
+	"\x17dpnode/v1/cluster.proto\x12\tdpnode.v1\"\xd3\x02\n" +
 	"\bNodeMeta\x12#\n" +
 	"\ractor_address\x18\x01 \x01(\tR\factorAddress\x12!\n" +
 	"\fhttp_address\x18\x02 \x01(\tR\vhttpAddress\x12\x1d\n" +
@@ -357,7 +367,9 @@ const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"\x0eboot_unix_nano\x18\x06 \x01(\x03R\fbootUnixNano\x12\x12\n" +
 	"\x04mode\x18\a \x01(\tR\x04mode\x12\x1a\n" +
 	"\bheadless\x18\b \x01(\bR\bheadless\x12\x14\n" +
-	"\x05model\x18\t \x01(\tR\x05model\"\x10\n" +
+	"\x05model\x18\t \x01(\tR\x05model\x12'\n" +
+	"\x0fexpert_parallel\x18\n" +
+	" \x01(\bR\x0eexpertParallel\"\x10\n" +
 	"\x0eSubscribeRanks\"Y\n" +
 	"\n" +
 	"RankStatus\x12\x12\n" +

@@ -116,7 +116,9 @@ type LoadSnapshot struct {
 	EnginesRunning    bool        `protobuf:"varint,5,opt,name=engines_running,json=enginesRunning,proto3" json:"engines_running,omitempty"`
 	PublishedUnixNano int64       `protobuf:"varint,6,opt,name=published_unix_nano,json=publishedUnixNano,proto3" json:"published_unix_nano,omitempty"`
 	// True when nothing changed since the previous snapshot.
-	Heartbeat     bool `protobuf:"varint,7,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	Heartbeat bool `protobuf:"varint,7,opt,name=heartbeat,proto3" json:"heartbeat,omitempty"`
+	// The ranks stepping together (expert parallelism only).
+	GroupRanks    []uint32 `protobuf:"varint,8,rep,packed,name=group_ranks,json=groupRanks,proto3" json:"group_ranks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -198,6 +200,13 @@ func (x *LoadSnapshot) GetHeartbeat() bool {
 		return x.Heartbeat
 	}
 	return false
+}
+
+func (x *LoadSnapshot) GetGroupRanks() []uint32 {
+	if x != nil {
+		return x.GroupRanks
+	}
+	return nil
 }
 
 // SubscribeLoad asks the coordinator to send LoadSnapshots to the sender.
@@ -294,11 +303,13 @@ func (x *ReportStats) GetStats() *EngineStats {
 // FirstRequest: an API server that believed the engines idle sent a request
 // for wave to target_rank; the coordinator starts the wave for the others.
 type FirstRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TargetRank    uint32                 `protobuf:"varint,1,opt,name=target_rank,json=targetRank,proto3" json:"target_rank,omitempty"`
-	Wave          uint64                 `protobuf:"varint,2,opt,name=wave,proto3" json:"wave,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TargetRank uint32                 `protobuf:"varint,1,opt,name=target_rank,json=targetRank,proto3" json:"target_rank,omitempty"`
+	Wave       uint64                 `protobuf:"varint,2,opt,name=wave,proto3" json:"wave,omitempty"`
+	// When the request arrived, for the wave-start latency.
+	ArrivalUnixNano int64 `protobuf:"varint,3,opt,name=arrival_unix_nano,json=arrivalUnixNano,proto3" json:"arrival_unix_nano,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *FirstRequest) Reset() {
@@ -345,15 +356,24 @@ func (x *FirstRequest) GetWave() uint64 {
 	return 0
 }
 
+func (x *FirstRequest) GetArrivalUnixNano() int64 {
+	if x != nil {
+		return x.ArrivalUnixNano
+	}
+	return 0
+}
+
 // StartWave tells engines to step in wave; the excluded rank already is.
 type StartWave struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	CoordinatorEpoch uint64                 `protobuf:"varint,1,opt,name=coordinator_epoch,json=coordinatorEpoch,proto3" json:"coordinator_epoch,omitempty"`
 	Wave             uint64                 `protobuf:"varint,2,opt,name=wave,proto3" json:"wave,omitempty"`
 	// The rank that started itself; -1 when none.
-	ExcludeRank   int32 `protobuf:"varint,3,opt,name=exclude_rank,json=excludeRank,proto3" json:"exclude_rank,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ExcludeRank int32 `protobuf:"varint,3,opt,name=exclude_rank,json=excludeRank,proto3" json:"exclude_rank,omitempty"`
+	// When the wave was asked for, for the wave-start latency.
+	TriggerUnixNano int64 `protobuf:"varint,4,opt,name=trigger_unix_nano,json=triggerUnixNano,proto3" json:"trigger_unix_nano,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *StartWave) Reset() {
@@ -403,6 +423,13 @@ func (x *StartWave) GetWave() uint64 {
 func (x *StartWave) GetExcludeRank() int32 {
 	if x != nil {
 		return x.ExcludeRank
+	}
+	return 0
+}
+
+func (x *StartWave) GetTriggerUnixNano() int64 {
+	if x != nil {
+		return x.TriggerUnixNano
 	}
 	return 0
 }
@@ -514,8 +541,78 @@ func (x *WaveComplete) GetWave() uint64 {
 	return 0
 }
 
+// StepShape is what a step computes, for pricing it: the group's step
+// lasts as long as its slowest rank's.
+type StepShape struct {
+	state                 protoimpl.MessageState `protogen:"open.v1"`
+	PrefillTokens         uint32                 `protobuf:"varint,1,opt,name=prefill_tokens,json=prefillTokens,proto3" json:"prefill_tokens,omitempty"`
+	PrefillContextProduct int64                  `protobuf:"varint,2,opt,name=prefill_context_product,json=prefillContextProduct,proto3" json:"prefill_context_product,omitempty"`
+	DecodeSeqs            uint32                 `protobuf:"varint,3,opt,name=decode_seqs,json=decodeSeqs,proto3" json:"decode_seqs,omitempty"`
+	DecodeContextTokens   int64                  `protobuf:"varint,4,opt,name=decode_context_tokens,json=decodeContextTokens,proto3" json:"decode_context_tokens,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *StepShape) Reset() {
+	*x = StepShape{}
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StepShape) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StepShape) ProtoMessage() {}
+
+func (x *StepShape) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StepShape.ProtoReflect.Descriptor instead.
+func (*StepShape) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_coordinator_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *StepShape) GetPrefillTokens() uint32 {
+	if x != nil {
+		return x.PrefillTokens
+	}
+	return 0
+}
+
+func (x *StepShape) GetPrefillContextProduct() int64 {
+	if x != nil {
+		return x.PrefillContextProduct
+	}
+	return 0
+}
+
+func (x *StepShape) GetDecodeSeqs() uint32 {
+	if x != nil {
+		return x.DecodeSeqs
+	}
+	return 0
+}
+
+func (x *StepShape) GetDecodeContextTokens() int64 {
+	if x != nil {
+		return x.DecodeContextTokens
+	}
+	return 0
+}
+
 // StepReport is what each rank contributes to the per-step collective of a
-// wave.
+// wave, sent to every other member of the group.
 type StepReport struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
@@ -523,16 +620,17 @@ type StepReport struct {
 	Step          uint64                 `protobuf:"varint,3,opt,name=step,proto3" json:"step,omitempty"`
 	NumTokens     uint32                 `protobuf:"varint,4,opt,name=num_tokens,json=numTokens,proto3" json:"num_tokens,omitempty"`
 	HasUnfinished bool                   `protobuf:"varint,5,opt,name=has_unfinished,json=hasUnfinished,proto3" json:"has_unfinished,omitempty"`
-	// The group epoch the report belongs to; it rises when a rank leaves or
-	// rejoins the group.
-	GroupEpoch    uint64 `protobuf:"varint,6,opt,name=group_epoch,json=groupEpoch,proto3" json:"group_epoch,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Shape         *StepShape             `protobuf:"bytes,6,opt,name=shape,proto3" json:"shape,omitempty"`
+	// When the wave was asked for, as the sender knows it; a rank that joins
+	// the wave on hearing this report measures its start latency from it.
+	WaveTriggerUnixNano int64 `protobuf:"varint,7,opt,name=wave_trigger_unix_nano,json=waveTriggerUnixNano,proto3" json:"wave_trigger_unix_nano,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *StepReport) Reset() {
 	*x = StepReport{}
-	mi := &file_dpnode_v1_coordinator_proto_msgTypes[8]
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +642,7 @@ func (x *StepReport) String() string {
 func (*StepReport) ProtoMessage() {}
 
 func (x *StepReport) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_coordinator_proto_msgTypes[8]
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +655,7 @@ func (x *StepReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepReport.ProtoReflect.Descriptor instead.
 func (*StepReport) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_coordinator_proto_rawDescGZIP(), []int{8}
+	return file_dpnode_v1_coordinator_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StepReport) GetRank() uint32 {
@@ -595,11 +693,249 @@ func (x *StepReport) GetHasUnfinished() bool {
 	return false
 }
 
-func (x *StepReport) GetGroupEpoch() uint64 {
+func (x *StepReport) GetShape() *StepShape {
 	if x != nil {
-		return x.GroupEpoch
+		return x.Shape
+	}
+	return nil
+}
+
+func (x *StepReport) GetWaveTriggerUnixNano() int64 {
+	if x != nil {
+		return x.WaveTriggerUnixNano
 	}
 	return 0
+}
+
+// JoinGroup asks the coordinator to admit an engine to the group that steps
+// together: at start, when the coordinator moves, and after being left out.
+type JoinGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinGroup) Reset() {
+	*x = JoinGroup{}
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinGroup) ProtoMessage() {}
+
+func (x *JoinGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinGroup.ProtoReflect.Descriptor instead.
+func (*JoinGroup) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_coordinator_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *JoinGroup) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+// GroupMember is one rank of a group and where its engine is.
+type GroupMember struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	ActorAddress  string                 `protobuf:"bytes,2,opt,name=actor_address,json=actorAddress,proto3" json:"actor_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupMember) Reset() {
+	*x = GroupMember{}
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupMember) ProtoMessage() {}
+
+func (x *GroupMember) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
+func (*GroupMember) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_coordinator_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *GroupMember) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *GroupMember) GetActorAddress() string {
+	if x != nil {
+		return x.ActorAddress
+	}
+	return ""
+}
+
+// GroupChanged is the coordinator's new group, sent to every member and to
+// the ranks it left out.
+type GroupChanged struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	CoordinatorEpoch uint64                 `protobuf:"varint,1,opt,name=coordinator_epoch,json=coordinatorEpoch,proto3" json:"coordinator_epoch,omitempty"`
+	Seq              uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Members          []*GroupMember         `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *GroupChanged) Reset() {
+	*x = GroupChanged{}
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupChanged) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupChanged) ProtoMessage() {}
+
+func (x *GroupChanged) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupChanged.ProtoReflect.Descriptor instead.
+func (*GroupChanged) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_coordinator_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *GroupChanged) GetCoordinatorEpoch() uint64 {
+	if x != nil {
+		return x.CoordinatorEpoch
+	}
+	return 0
+}
+
+func (x *GroupChanged) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *GroupChanged) GetMembers() []*GroupMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+// CollectiveTimeout: an engine waited too long for these ranks' reports in
+// a step; the coordinator re-forms the group without them.
+type CollectiveTimeout struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	CoordinatorEpoch uint64                 `protobuf:"varint,1,opt,name=coordinator_epoch,json=coordinatorEpoch,proto3" json:"coordinator_epoch,omitempty"`
+	Seq              uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	Rank             uint32                 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Missing          []uint32               `protobuf:"varint,4,rep,packed,name=missing,proto3" json:"missing,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *CollectiveTimeout) Reset() {
+	*x = CollectiveTimeout{}
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CollectiveTimeout) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CollectiveTimeout) ProtoMessage() {}
+
+func (x *CollectiveTimeout) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_coordinator_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CollectiveTimeout.ProtoReflect.Descriptor instead.
+func (*CollectiveTimeout) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_coordinator_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *CollectiveTimeout) GetCoordinatorEpoch() uint64 {
+	if x != nil {
+		return x.CoordinatorEpoch
+	}
+	return 0
+}
+
+func (x *CollectiveTimeout) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *CollectiveTimeout) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *CollectiveTimeout) GetMissing() []uint32 {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
 }
 
 var File_dpnode_v1_coordinator_proto protoreflect.FileDescriptor
@@ -614,7 +950,7 @@ const file_dpnode_v1_coordinator_proto_rawDesc = "" +
 	"\vnum_running\x18\x03 \x01(\rR\n" +
 	"numRunning\x12$\n" +
 	"\x0ekv_cache_usage\x18\x04 \x01(\x02R\fkvCacheUsage\x12,\n" +
-	"\x12reported_unix_nano\x18\x05 \x01(\x03R\x10reportedUnixNano\"\x92\x02\n" +
+	"\x12reported_unix_nano\x18\x05 \x01(\x03R\x10reportedUnixNano\"\xb3\x02\n" +
 	"\fLoadSnapshot\x12+\n" +
 	"\x11coordinator_epoch\x18\x01 \x01(\x04R\x10coordinatorEpoch\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12)\n" +
@@ -622,25 +958,35 @@ const file_dpnode_v1_coordinator_proto_rawDesc = "" +
 	"\fcurrent_wave\x18\x04 \x01(\x04R\vcurrentWave\x12'\n" +
 	"\x0fengines_running\x18\x05 \x01(\bR\x0eenginesRunning\x12.\n" +
 	"\x13published_unix_nano\x18\x06 \x01(\x03R\x11publishedUnixNano\x12\x1c\n" +
-	"\theartbeat\x18\a \x01(\bR\theartbeat\"%\n" +
+	"\theartbeat\x18\a \x01(\bR\theartbeat\x12\x1f\n" +
+	"\vgroup_ranks\x18\b \x03(\rR\n" +
+	"groupRanks\"%\n" +
 	"\rSubscribeLoad\x12\x14\n" +
 	"\x05ranks\x18\x01 \x03(\rR\x05ranks\";\n" +
 	"\vReportStats\x12,\n" +
-	"\x05stats\x18\x01 \x01(\v2\x16.dpnode.v1.EngineStatsR\x05stats\"C\n" +
+	"\x05stats\x18\x01 \x01(\v2\x16.dpnode.v1.EngineStatsR\x05stats\"o\n" +
 	"\fFirstRequest\x12\x1f\n" +
 	"\vtarget_rank\x18\x01 \x01(\rR\n" +
 	"targetRank\x12\x12\n" +
-	"\x04wave\x18\x02 \x01(\x04R\x04wave\"o\n" +
+	"\x04wave\x18\x02 \x01(\x04R\x04wave\x12*\n" +
+	"\x11arrival_unix_nano\x18\x03 \x01(\x03R\x0farrivalUnixNano\"\x9b\x01\n" +
 	"\tStartWave\x12+\n" +
 	"\x11coordinator_epoch\x18\x01 \x01(\x04R\x10coordinatorEpoch\x12\x12\n" +
 	"\x04wave\x18\x02 \x01(\x04R\x04wave\x12!\n" +
-	"\fexclude_rank\x18\x03 \x01(\x05R\vexcludeRank\";\n" +
+	"\fexclude_rank\x18\x03 \x01(\x05R\vexcludeRank\x12*\n" +
+	"\x11trigger_unix_nano\x18\x04 \x01(\x03R\x0ftriggerUnixNano\";\n" +
 	"\x11EngineStartedWave\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
 	"\x04wave\x18\x02 \x01(\x04R\x04wave\"6\n" +
 	"\fWaveComplete\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
-	"\x04wave\x18\x02 \x01(\x04R\x04wave\"\xaf\x01\n" +
+	"\x04wave\x18\x02 \x01(\x04R\x04wave\"\xbf\x01\n" +
+	"\tStepShape\x12%\n" +
+	"\x0eprefill_tokens\x18\x01 \x01(\rR\rprefillTokens\x126\n" +
+	"\x17prefill_context_product\x18\x02 \x01(\x03R\x15prefillContextProduct\x12\x1f\n" +
+	"\vdecode_seqs\x18\x03 \x01(\rR\n" +
+	"decodeSeqs\x122\n" +
+	"\x15decode_context_tokens\x18\x04 \x01(\x03R\x13decodeContextTokens\"\xef\x01\n" +
 	"\n" +
 	"StepReport\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12\x12\n" +
@@ -648,9 +994,23 @@ const file_dpnode_v1_coordinator_proto_rawDesc = "" +
 	"\x04step\x18\x03 \x01(\x04R\x04step\x12\x1d\n" +
 	"\n" +
 	"num_tokens\x18\x04 \x01(\rR\tnumTokens\x12%\n" +
-	"\x0ehas_unfinished\x18\x05 \x01(\bR\rhasUnfinished\x12\x1f\n" +
-	"\vgroup_epoch\x18\x06 \x01(\x04R\n" +
-	"groupEpochB3Z1github.com/dpnode/dpnode/proto/dpnode/v1;dpnodev1b\x06proto3"
+	"\x0ehas_unfinished\x18\x05 \x01(\bR\rhasUnfinished\x12*\n" +
+	"\x05shape\x18\x06 \x01(\v2\x14.dpnode.v1.StepShapeR\x05shape\x123\n" +
+	"\x16wave_trigger_unix_nano\x18\a \x01(\x03R\x13waveTriggerUnixNano\"\x1f\n" +
+	"\tJoinGroup\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\"F\n" +
+	"\vGroupMember\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12#\n" +
+	"\ractor_address\x18\x02 \x01(\tR\factorAddress\"\x7f\n" +
+	"\fGroupChanged\x12+\n" +
+	"\x11coordinator_epoch\x18\x01 \x01(\x04R\x10coordinatorEpoch\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x120\n" +
+	"\amembers\x18\x03 \x03(\v2\x16.dpnode.v1.GroupMemberR\amembers\"\x80\x01\n" +
+	"\x11CollectiveTimeout\x12+\n" +
+	"\x11coordinator_epoch\x18\x01 \x01(\x04R\x10coordinatorEpoch\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x18\n" +
+	"\amissing\x18\x04 \x03(\rR\amissingB3Z1github.com/dpnode/dpnode/proto/dpnode/v1;dpnodev1b\x06proto3"
 
 var (
 	file_dpnode_v1_coordinator_proto_rawDescOnce sync.Once
@@ -664,7 +1024,7 @@ func file_dpnode_v1_coordinator_proto_rawDescGZIP() []byte {
 	return file_dpnode_v1_coordinator_proto_rawDescData
 }
 
-var file_dpnode_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_dpnode_v1_coordinator_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_dpnode_v1_coordinator_proto_goTypes = []any{
 	(*RankLoad)(nil),          // 0: dpnode.v1.RankLoad
 	(*LoadSnapshot)(nil),      // 1: dpnode.v1.LoadSnapshot
@@ -674,17 +1034,24 @@ var file_dpnode_v1_coordinator_proto_goTypes = []any{
 	(*StartWave)(nil),         // 5: dpnode.v1.StartWave
 	(*EngineStartedWave)(nil), // 6: dpnode.v1.EngineStartedWave
 	(*WaveComplete)(nil),      // 7: dpnode.v1.WaveComplete
-	(*StepReport)(nil),        // 8: dpnode.v1.StepReport
-	(*EngineStats)(nil),       // 9: dpnode.v1.EngineStats
+	(*StepShape)(nil),         // 8: dpnode.v1.StepShape
+	(*StepReport)(nil),        // 9: dpnode.v1.StepReport
+	(*JoinGroup)(nil),         // 10: dpnode.v1.JoinGroup
+	(*GroupMember)(nil),       // 11: dpnode.v1.GroupMember
+	(*GroupChanged)(nil),      // 12: dpnode.v1.GroupChanged
+	(*CollectiveTimeout)(nil), // 13: dpnode.v1.CollectiveTimeout
+	(*EngineStats)(nil),       // 14: dpnode.v1.EngineStats
 }
 var file_dpnode_v1_coordinator_proto_depIdxs = []int32{
-	0, // 0: dpnode.v1.LoadSnapshot.ranks:type_name -> dpnode.v1.RankLoad
-	9, // 1: dpnode.v1.ReportStats.stats:type_name -> dpnode.v1.EngineStats
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	0,  // 0: dpnode.v1.LoadSnapshot.ranks:type_name -> dpnode.v1.RankLoad
+	14, // 1: dpnode.v1.ReportStats.stats:type_name -> dpnode.v1.EngineStats
+	8,  // 2: dpnode.v1.StepReport.shape:type_name -> dpnode.v1.StepShape
+	11, // 3: dpnode.v1.GroupChanged.members:type_name -> dpnode.v1.GroupMember
+	4,  // [4:4] is the sub-list for method output_type
+	4,  // [4:4] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_coordinator_proto_init() }
@@ -699,7 +1066,7 @@ func file_dpnode_v1_coordinator_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpnode_v1_coordinator_proto_rawDesc), len(file_dpnode_v1_coordinator_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -287,5 +287,16 @@ func (a *APIServerActor) terminated(ctx actor.Context, who *actor.PID) {
 			return
 		}
 	}
+	for _, r := range a.ranks {
+		if r.local && r.pid.Equal(who) {
+			// A child engine that stopped for good: the rank is gone.
+			r.ready, r.stats = false, nil
+			r.metrics.ready.Set(0)
+			a.tellSubscribers(ctx, r)
+			n := a.move(ctx, r)
+			a.cfg.Logger.Error("an engine stopped; its rank is out of service", "rank", r.rank, "requests_moved", n)
+			return
+		}
+	}
 	a.subscribers = slices.DeleteFunc(a.subscribers, who.Equal)
 }

@@ -142,7 +142,7 @@ func (c *CoordinatorActor) wave(ctx actor.Context, msg any) {
 		if ng := c.waves.Drop(missing); ng != nil {
 			c.cfg.Logger.Warn("ranks missed a collective; the group goes on without them", "missing", missing, "reported_by", m.Rank, "group", ng.Ranks)
 			// The dropped ranks hear it too: if alive, they ask back in.
-			c.sendGroup(ctx, *ng, missing)
+			c.sendGroup(ctx, *ng, append(slices.Clone(ng.Ranks), missing...))
 		}
 	}
 }
@@ -161,7 +161,7 @@ func (c *CoordinatorActor) startWave(ctx actor.Context, sw *dp.StartWave, trigge
 	c.tick(ctx)
 }
 
-// sendGroup sends g to its members, or only to the ranks in to when set.
+// sendGroup sends g to the ranks in to, or to its members when to is nil.
 func (c *CoordinatorActor) sendGroup(ctx actor.Context, g dp.Group, to []int) {
 	msg := &dpnodev1.GroupChanged{CoordinatorEpoch: g.Epoch, Seq: g.Seq}
 	for _, r := range g.Ranks {

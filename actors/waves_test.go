@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
 	"github.com/dpnode/dpnode/engine"
 )
 
@@ -145,4 +147,27 @@ func histogramCount(t *testing.T, tn *testNode, name string) uint64 {
 		}
 	}
 	return n
+}
+
+// TestLostEngineIsDroppedFromTheGroup stops one engine for good: the others
+// wait out the collective timeout, the coordinator re-forms the group
+// without it, and requests on the remaining ranks are served.
+func TestLostEngineIsDroppedFromTheGroup(t *testing.T) {
+	tn := startProfileNode(t, "qwen3-30b-a3b-h200", 4, 0.01, -1, 0, func(cfg *NodeConfig) {
+		cfg.ExpertParallel, cfg.CollectiveTimeout = true, 200*time.Millisecond
+	})
+	tn.waitGroup(t, 4)
+	tn.System().Root.Stop(actor.NewPID(tn.System().Address(), engineID(3)))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s := NewStream()
+	prompt := tn.tok.Encode("the others go on")
+	sp := engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}
+	tn.Submit(&Submission{ID: "on", Prompt: prompt, Sampling: sp, Rank: AnyRank, Stream: s, Arrival: time.Now()})
+	if r := collect(ctx, s); r.err != nil || !slices.Equal(r.tokens, tn.expected(prompt, sp)) || r.ranks[0] == 3 {
+		t.Fatalf("request after rank 3 stopped: %v, ranks %v", r.err, r.ranks)
+	}
+	if v := tn.waitIdle(t); !slices.Equal(v.Coordinator.Group, []uint32{0, 1, 2}) {
+		t.Fatalf("group %v, want the three ranks left", v.Coordinator.Group)
+	}
 }

@@ -199,10 +199,11 @@ type clusterView struct {
 		Name string `json:"name"`
 	} `json:"nodes"`
 	Ranks []struct {
-		Rank     int    `json:"rank"`
-		Node     string `json:"node"`
-		Ready    bool   `json:"ready"`
-		Balanced bool   `json:"balanced"`
+		Rank        int    `json:"rank"`
+		Node        string `json:"node"`
+		Ready       bool   `json:"ready"`
+		Balanced    bool   `json:"balanced"`
+		WaveRunning bool   `json:"wave_running"`
 	} `json:"ranks"`
 	Coordinator struct {
 		Node          string `json:"node"`
@@ -210,6 +211,9 @@ type clusterView struct {
 		RunningHere   bool   `json:"running_here"`
 		SnapshotSeq   uint64 `json:"snapshot_seq"`
 		RanksReported int    `json:"ranks_reported"`
+		Wave          uint64 `json:"wave"`
+		WaveRunning   bool   `json:"wave_running"`
+		Group         []int  `json:"group"`
 	} `json:"coordinator"`
 }
 

@@ -40,7 +40,7 @@ proto-check: proto
 	if [ -n "$$untracked" ]; then echo "generated files not committed: $$untracked"; exit 1; fi
 
 bench:
-	go test -run '^$$' -bench . -benchtime 3s ./http/ ./engine/...
+	go test -run '^$$' -bench . -benchtime 3s ./http/ ./engine/... ./actors/
 
 clean:
 	rm -rf bin

@@ -116,6 +116,8 @@ type APIServerActor struct {
 	// readyWaiters are answered once every local rank has been ready.
 	readyWaiters []*actor.PID
 	allReady     bool
+	// stopping is set while the API server and its engines stop.
+	stopping bool
 }
 
 // call is one request in flight.
@@ -143,6 +145,7 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 	case *actor.Started:
 		a.start(ctx)
 	case *actor.Stopping, *actor.Restarting:
+		a.stopping = true
 		a.stop()
 	case *Submission:
 		if _, dup := a.calls[msg.ID]; dup {

@@ -288,7 +288,7 @@ func (a *APIServerActor) terminated(ctx actor.Context, who *actor.PID) {
 		}
 	}
 	for _, r := range a.ranks {
-		if r.local && r.pid.Equal(who) {
+		if r.local && r.pid.Equal(who) && !a.stopping {
 			// A child engine that stopped for good: the rank is gone.
 			r.ready, r.stats = false, nil
 			r.metrics.ready.Set(0)

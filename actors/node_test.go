@@ -52,12 +52,12 @@ type testNode struct {
 
 // startTestNode runs ranks engines of the 8B profile at timeScale; the
 // executor of rank crashRank panics on its crashAt-th step (0: never).
-func startTestNode(t *testing.T, ranks int, timeScale float64, crashRank int, crashAt int64, mutate ...func(*NodeConfig)) *testNode {
+func startTestNode(t testing.TB, ranks int, timeScale float64, crashRank int, crashAt int64, mutate ...func(*NodeConfig)) *testNode {
 	t.Helper()
 	return startProfileNode(t, "llama-3.1-8b-h100", ranks, timeScale, crashRank, crashAt, mutate...)
 }
 
-func startProfileNode(t *testing.T, profileName string, ranks int, timeScale float64, crashRank int, crashAt int64, mutate ...func(*NodeConfig)) *testNode {
+func startProfileNode(t testing.TB, profileName string, ranks int, timeScale float64, crashRank int, crashAt int64, mutate ...func(*NodeConfig)) *testNode {
 	t.Helper()
 	profile, err := sim.LoadProfile(dpnode.SimProfiles, profileName)
 	if err != nil {

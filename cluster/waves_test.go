@@ -201,3 +201,28 @@ func TestWaveSurvivesAKilledNode(t *testing.T) {
 		return len(v.Coordinator.Group) == 2 && !v.Coordinator.WaveRunning
 	})
 }
+
+// TestHungRankRejoinsTheGroup stops a node (SIGSTOP) for longer than the
+// collective timeout, short of gossip declaring it dead: the running wave
+// goes on without its ranks, and when the node resumes its ranks ask back
+// in and the group is whole again.
+func TestHungRankRejoinsTheGroup(t *testing.T) {
+	a, b := startWavePair(t, "127.0.0.161", "127.0.0.162")
+	done := make(chan error, 1)
+	go func() {
+		status, body, err := complete(context.Background(), a.url, `{"prompt":"keeps the wave running","max_tokens":3000,"ignore_eos":true}`, nil)
+		if err == nil && status != 200 {
+			err = fmt.Errorf("status %d: %s", status, body)
+		}
+		done <- err
+	}()
+	a.waitView("the wave runs", 10*time.Second, func(v clusterView) bool { return v.Coordinator.WaveRunning })
+	b.signal(syscall.SIGSTOP)
+	a.waitView("the group goes on without the hung ranks", 10*time.Second, func(v clusterView) bool { return len(v.Coordinator.Group) == 2 })
+	b.signal(syscall.SIGCONT)
+	a.waitView("the resumed ranks are back in the group", 10*time.Second, func(v clusterView) bool { return len(v.Coordinator.Group) == 4 })
+	if err := <-done; err != nil {
+		t.Fatalf("the request on the running ranks: %v", err)
+	}
+	b.waitLog(`this rank was left out of the expert-parallel group; asking to rejoin`, time.Second)
+}

@@ -20,9 +20,11 @@ var (
 	ErrRankNotServed   = errors.New("actors: the requested rank is not served by this node")
 	ErrAPIServerGone   = errors.New("actors: the API server stopped; the request was lost with it")
 	ErrTooManyRestarts = errors.New("actors: the request's engines crashed too often")
+	ErrEngineLost      = errors.New("actors: the engine serving the request was lost mid-stream, and request migration is off")
+	ErrRankFailed      = errors.New("actors: the requested rank failed: its engine crashed too often and was stopped")
 )
 
-// RestartPolicy sets how a crashed engine comes back.
+// RestartPolicy sets how a crashed engine comes back, and when it does not.
 type RestartPolicy struct {
 	// InitialBackoff is the wait before the first restart: long enough
 	// that a crash loop does not spin, short enough that a one-off crash
@@ -30,14 +32,20 @@ type RestartPolicy struct {
 	InitialBackoff time.Duration
 	// MaxBackoff caps the doubling of the wait after repeated crashes.
 	MaxBackoff time.Duration
-	// Window is how far back crashes count towards the backoff: a rank
-	// that has been healthy this long restarts at InitialBackoff again.
+	// Window is how far back crashes count towards the backoff and the
+	// limit: a rank that has been healthy this long starts afresh.
 	Window time.Duration
+	// MaxRestarts is how many crashes within Window a rank rides out; one
+	// more and the engine is stopped and the rank marked failed, rather
+	// than crash-loop (a GPU that is gone fails every start). 0 means no
+	// limit.
+	MaxRestarts int
 }
 
-// DefaultRestartPolicy restarts at 100 ms, doubling to 10 s.
+// DefaultRestartPolicy restarts at 100 ms, doubling to 10 s, and gives up
+// on a rank that crashes more than 5 times in a minute.
 func DefaultRestartPolicy() RestartPolicy {
-	return RestartPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: 10 * time.Second, Window: time.Minute}
+	return RestartPolicy{InitialBackoff: 100 * time.Millisecond, MaxBackoff: 10 * time.Second, Window: time.Minute, MaxRestarts: 5}
 }
 
 // delay is the backoff after the n-th crash within the window (n >= 1).
@@ -69,7 +77,11 @@ type APIServerConfig struct {
 	// available (all ranks restarting, or its pinned rank down) before it
 	// fails with ErrNoRank.
 	ParkTimeout time.Duration
-	// MaxMigrations bounds how many engine crashes one request may ride
+	// Migration moves a request that has produced output off a lost
+	// engine, to continue from its tokens so far on another rank; without
+	// it such a request fails (one with no output is always sent again).
+	Migration bool
+	// MaxMigrations bounds how many engine losses one request may ride
 	// through; past it the request fails rather than crash engine after
 	// engine if it is what crashes them.
 	MaxMigrations int
@@ -234,6 +246,8 @@ func (a *APIServerActor) pick(c *call) (*rankState, error) {
 	if rank := c.sub.Rank; rank != AnyRank {
 		r := a.byRank[rank]
 		switch {
+		case r != nil && r.failed:
+			return nil, fmt.Errorf("%w: rank %d", ErrRankFailed, rank)
 		case r != nil && r.ready:
 			return r, nil
 		case r != nil || (a.cfg.BalanceRemote && rank >= 0 && rank < a.cfg.DataParallelSize):
@@ -427,8 +441,12 @@ func (a *APIServerActor) move(ctx actor.Context, r *rankState) int {
 	for _, c := range moved {
 		a.release(c)
 		c.moves++
-		if c.moves > a.cfg.MaxMigrations {
+		switch {
+		case c.moves > a.cfg.MaxMigrations:
 			a.fail(c, fmt.Errorf("%w: %d crashes", ErrTooManyRestarts, c.moves), "too_many_restarts")
+			continue
+		case len(c.output) > 0 && !a.cfg.Migration:
+			a.fail(c, fmt.Errorf("%w (rank %d, after %d tokens)", ErrEngineLost, r.rank, len(c.output)), "engine_lost")
 			continue
 		}
 		if len(c.output) == 0 {

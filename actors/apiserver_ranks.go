@@ -26,9 +26,11 @@ type rankState struct {
 	ready    bool
 	inflight int
 	stats    *dpnodev1.EngineStats
-	// crashes and timer are a local rank's restart bookkeeping.
+	// crashes and timer are a local rank's restart bookkeeping; failed is
+	// set when it crashed too often and was stopped.
 	crashes []time.Time
 	timer   *time.Timer
+	failed  bool
 	metrics *rankMetrics
 }
 
@@ -73,7 +75,8 @@ func (a *APIServerActor) addRank(r *rankState) {
 func (a *APIServerActor) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, _ *actor.RestartStatistics, reason, _ any) {
 	for _, r := range a.ranks {
 		if r.local && r.pid.Equal(child) {
-			a.root.Send(a.self, &engineFailed{rank: r.rank, reason: reason, restart: func() { sup.RestartChildren(child) }})
+			a.root.Send(a.self, &engineFailed{rank: r.rank, reason: reason,
+				restart: func() { sup.RestartChildren(child) }, stop: func() { sup.StopChildren(child) }})
 			return
 		}
 	}
@@ -116,6 +119,19 @@ func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 
 	now := time.Now()
 	r.crashes = slices.DeleteFunc(append(r.crashes, now), func(t time.Time) bool { return now.Sub(t) > a.cfg.Restart.Window })
+	if limit := a.cfg.Restart.MaxRestarts; limit > 0 && len(r.crashes) > limit {
+		// Past the limit the rank is given up on: it would only crash
+		// again, taking the requests sent to it along.
+		r.failed = true
+		r.metrics.failed.Set(1)
+		a.tellSubscribers(ctx, r)
+		moved := a.move(ctx, r)
+		a.cfg.Logger.Error("engine crashed too often; the rank is stopped and out of service",
+			"rank", r.rank, "crashes", len(r.crashes), "window", a.cfg.Restart.Window, "reason", fmt.Sprint(msg.reason), "requests_moved", moved)
+		a.failPinned(r)
+		msg.stop()
+		return
+	}
 	delay := a.cfg.Restart.delay(len(r.crashes))
 	a.tellSubscribers(ctx, r)
 	moved := a.move(ctx, r)
@@ -125,6 +141,19 @@ func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 		r.timer.Stop()
 	}
 	r.timer = time.AfterFunc(delay, msg.restart)
+}
+
+// failPinned ends the parked requests pinned to a rank that will not
+// come back.
+func (a *APIServerActor) failPinned(r *rankState) {
+	a.parked = slices.DeleteFunc(a.parked, func(c *call) bool {
+		if c.sub.Rank != r.rank {
+			return false
+		}
+		a.fail(c, fmt.Errorf("%w: rank %d", ErrRankFailed, r.rank), "rank_failed")
+		return true
+	})
+	a.cfg.Metrics.parked.Set(float64(len(a.parked)))
 }
 
 // groupStatus: a local engine left the expert-parallel group (it missed a
@@ -288,7 +317,7 @@ func (a *APIServerActor) terminated(ctx actor.Context, who *actor.PID) {
 		}
 	}
 	for _, r := range a.ranks {
-		if r.local && r.pid.Equal(who) && !a.stopping {
+		if r.local && r.pid.Equal(who) && !a.stopping && !r.failed {
 			// A child engine that stopped for good: the rank is gone.
 			r.ready, r.stats = false, nil
 			r.metrics.ready.Set(0)

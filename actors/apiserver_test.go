@@ -129,3 +129,68 @@ func TestNodeFailsWhenItsAPIServerIsGoneForGood(t *testing.T) {
 		t.Fatalf("request after the failure: %v, want ErrAPIServerGone", r.err)
 	}
 }
+
+// TestMigrationOffFailsRequestsWithOutput crashes rank 0 mid-load with
+// migration off: requests that had output fail with ErrEngineLost, those
+// without are sent again and complete.
+func TestMigrationOffFailsRequestsWithOutput(t *testing.T) {
+	tn := startTestNode(t, 2, 0.05, 0, 8, func(cfg *NodeConfig) { cfg.Migration = false })
+	lost, done := 0, 0
+	for _, r := range tn.runBurst(t, 60, 20) {
+		switch {
+		case errors.Is(r.err, ErrEngineLost):
+			lost++
+			if len(r.tokens) == 0 {
+				t.Fatal("a request with no output was failed instead of re-dispatched")
+			}
+		case r.err != nil:
+			t.Fatalf("unexpected error: %v", r.err)
+		default:
+			done++
+		}
+	}
+	if lost == 0 || done == 0 {
+		t.Fatalf("%d lost and %d completed; want both", lost, done)
+	}
+	if migrated := metricSum(t, tn.reg, "dpnode_requests_migrated_total", 0); migrated != 0 {
+		t.Fatalf("%v requests migrated with migration off", migrated)
+	}
+}
+
+// TestRankThatCrashesTooOftenIsStopped lets rank 0 crash-loop with a limit
+// of 2 restarts: after the third crash the rank is stopped and failed, out
+// of balancing, and a request pinned to it fails at once.
+func TestRankThatCrashesTooOftenIsStopped(t *testing.T) {
+	tn := startTestNode(t, 2, 0.01, 0, 1, rankZeroDiesForGood, func(cfg *NodeConfig) {
+		cfg.Restart.MaxRestarts = 2
+		cfg.ParkTimeout = time.Minute
+	})
+	// The first request to rank 0 crashes it; its restarts then fail.
+	first := NewStream()
+	tn.Submit(&Submission{ID: "first", Prompt: tn.tok.Encode("crash it"), Sampling: engine.SamplingParams{MaxTokens: 2}, Rank: 0, Stream: first, Arrival: time.Now()})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if r := collect(ctx, first); !errors.Is(r.err, ErrRankFailed) {
+		t.Fatalf("the request pinned to the crash-looping rank: %v, want ErrRankFailed", r.err)
+	}
+	v, err := tn.View(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r0 := v.Ranks[0]; !r0.Failed || r0.Ready || r0.Restarts != 3 {
+		t.Fatalf("rank 0: %+v; want failed after 3 crashes", r0)
+	}
+	if metricSum(t, tn.reg, "dpnode_engine_failed", 0) != 1 {
+		t.Fatal("dpnode_engine_failed is not set for rank 0")
+	}
+	for _, r := range tn.runBurst(t, 10, 3) {
+		if r.err != nil || r.ranks[0] != 1 {
+			t.Fatalf("with rank 0 failed, a request: %v on %v; want rank 1", r.err, r.ranks)
+		}
+	}
+	late := NewStream()
+	tn.Submit(&Submission{ID: "late", Prompt: tn.tok.Encode("x"), Sampling: engine.SamplingParams{MaxTokens: 1}, Rank: 0, Stream: late, Arrival: time.Now()})
+	if r := collect(ctx, late); !errors.Is(r.err, ErrRankFailed) {
+		t.Fatalf("pinned to the failed rank: %v", r.err)
+	}
+}

@@ -58,6 +58,8 @@ type engineFailed struct {
 	rank    int
 	reason  any
 	restart func()
+	// stop stops the engine for good, when it crashed too often.
+	stop func()
 }
 
 // expireParked fires when the oldest parked request may have waited too

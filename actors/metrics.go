@@ -33,6 +33,7 @@ type Metrics struct {
 	restarts, migrated        *prometheus.CounterVec
 	redispatched, failed      *prometheus.CounterVec
 	inflight, ready           *prometheus.GaugeVec
+	engineFailed              *prometheus.GaugeVec
 	waves, dummySteps         *prometheus.CounterVec
 	waveDuration, balance     *prometheus.HistogramVec
 	collectiveWait, waveStart *prometheus.HistogramVec
@@ -72,9 +73,10 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 		redispatched:  counter("dpnode_requests_redispatched_total", "Requests with no output yet sent again off a crashed engine, counted on the rank they left."),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dpnode_requests_failed_total",
 			Help: "Requests that ended in an error, by reason."}, []string{"model_name", "reason"}),
-		inflight: gauge("dpnode_requests_in_flight", "Requests this API server has sent to the rank that have not finished."),
-		ready:    gauge("dpnode_engine_ready", "1 while the rank's engine takes requests."),
-		waves:    counter("dpnode_waves_total", "Waves the engine stepped in (expert parallelism)."),
+		inflight:     gauge("dpnode_requests_in_flight", "Requests this API server has sent to the rank that have not finished."),
+		ready:        gauge("dpnode_engine_ready", "1 while the rank's engine takes requests."),
+		engineFailed: gauge("dpnode_engine_failed", "1 when the rank's engine crashed too often and was stopped."),
+		waves:        counter("dpnode_waves_total", "Waves the engine stepped in (expert parallelism)."),
 		dummySteps: counter("dpnode_dummy_steps_total",
 			"Steps the engine ran with no work, to keep a wave's collectives paired."),
 		waveDuration: hist("dpnode_wave_duration_seconds", "From an engine's first step of a wave to the wave's end.", e2eBuckets),
@@ -91,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.success, m.promptTokens, m.generation,
 		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.ttft, m.itl, m.e2e, m.restarts,
-		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.parked, m.snapshots,
+		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.engineFailed, m.parked, m.snapshots,
 		m.waves, m.dummySteps, m.waveDuration, m.balance, m.collectiveWait, m.waveStart)
 	return m
 }
@@ -127,7 +129,7 @@ type rankMetrics struct {
 	ttft, itl                 prometheus.Observer
 	restarts, migrated        prometheus.Counter
 	redispatched              prometheus.Counter
-	inflight, ready           prometheus.Gauge
+	inflight, ready, failed   prometheus.Gauge
 	waves, dummySteps         prometheus.Counter
 	waveDuration, balance     prometheus.Observer
 	collectiveWait, waveStart prometheus.Observer
@@ -150,7 +152,7 @@ func (m *Metrics) forRank(rank int) *rankMetrics {
 		preemptions: m.preemptions.With(l), steps: m.steps.With(l),
 		ttft: m.ttft.With(l), itl: m.itl.With(l),
 		restarts: m.restarts.With(l), migrated: m.migrated.With(l), redispatched: m.redispatched.With(l),
-		inflight: m.inflight.With(l), ready: m.ready.With(l),
+		inflight: m.inflight.With(l), ready: m.ready.With(l), failed: m.engineFailed.With(l),
 		waves: m.waves.With(l), dummySteps: m.dummySteps.With(l),
 		waveDuration: m.waveDuration.With(l), balance: m.balance.With(l),
 		collectiveWait: m.collectiveWait.With(l), waveStart: m.waveStart.With(l),

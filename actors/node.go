@@ -33,9 +33,12 @@ type NodeConfig struct {
 	// time the rank's engine restarts.
 	NewExecutor func(rank int, dev gpu.Device) (engine.Executor, error)
 	// Policy picks ranks; nil means dp.LiveLoad.
-	Policy        dp.Policy
-	Restart       RestartPolicy
-	ParkTimeout   time.Duration
+	Policy      dp.Policy
+	Restart     RestartPolicy
+	ParkTimeout time.Duration
+	// Migration moves requests with output off a lost engine (see
+	// APIServerConfig.Migration); MaxMigrations bounds it.
+	Migration     bool
 	MaxMigrations int
 	Publish       dp.PublishConfig
 	// StartTimeout bounds how long StartNode waits for the engines.
@@ -71,6 +74,7 @@ func DefaultNodeConfig() NodeConfig {
 		// Long enough to ride out a few restarts with backoff; shorter
 		// than a client's usual timeout, so the client hears why.
 		ParkTimeout:   30 * time.Second,
+		Migration:     true,
 		MaxMigrations: 3,
 		Publish:       dp.DefaultPublishConfig(),
 		StartTimeout:  time.Minute,
@@ -404,6 +408,7 @@ func (n *nodeActor) start(ctx actor.Context) {
 		Policy:           cfg.Policy,
 		Restart:          cfg.Restart,
 		ParkTimeout:      cfg.ParkTimeout,
+		Migration:        cfg.Migration,
 		MaxMigrations:    cfg.MaxMigrations,
 		Metrics:          n.metrics,
 		Logger:           cfg.Logger,

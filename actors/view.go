@@ -16,9 +16,11 @@ type RankView struct {
 	// Local: hosted by this node. Balanced: this node's API server sends
 	// it requests. A rank that is neither is known from the coordinator's
 	// load snapshot only.
-	Local    bool    `json:"local"`
-	Balanced bool    `json:"balanced"`
-	Ready    bool    `json:"ready"`
+	Local    bool `json:"local"`
+	Balanced bool `json:"balanced"`
+	Ready    bool `json:"ready"`
+	// Failed: the rank's engine crashed too often and was stopped.
+	Failed   bool    `json:"failed"`
 	InFlight int     `json:"in_flight"`
 	Waiting  int     `json:"waiting"`
 	Running  int     `json:"running"`
@@ -90,7 +92,7 @@ func (a *APIServerActor) view() *apiServerView {
 	v := &apiServerView{parked: len(a.parked), inFlight: len(a.calls), snapshot: a.snapshot}
 	for _, r := range a.ranks {
 		rv := RankView{Rank: r.rank, Node: r.node, Local: r.local, Balanced: r.local || a.cfg.BalanceRemote,
-			Ready: r.ready, InFlight: r.inflight, Device: r.cfg.Device}
+			Ready: r.ready, Failed: r.failed, InFlight: r.inflight, Device: r.cfg.Device}
 		for _, t := range r.crashes {
 			if now.Sub(t) <= a.cfg.Restart.Window {
 				rv.Restarts++

@@ -62,6 +62,15 @@ type Options struct {
 	// GPUs is the number of virtual GPUs when NVML is absent.
 	GPUs int
 
+	// Migration moves requests mid-stream off a lost engine; MaxMigrations
+	// bounds how often one request may move.
+	Migration     bool
+	MaxMigrations int
+	// EngineMaxRestarts crashes within EngineRestartWindow stop a rank
+	// for good.
+	EngineMaxRestarts   int
+	EngineRestartWindow time.Duration
+
 	// ExpertParallel steps the ranks in lockstep waves (a MoE model);
 	// CollectiveTimeout bounds a step's wait for the other ranks.
 	ExpertParallel    bool
@@ -99,6 +108,10 @@ func DefaultOptions() Options {
 		SimTimeScale:          1,
 		GPUs:                  2,
 		CollectiveTimeout:     5 * time.Second,
+		Migration:             true,
+		MaxMigrations:         3,
+		EngineMaxRestarts:     5,
+		EngineRestartWindow:   time.Minute,
 		DrainTimeout:          30 * time.Second,
 	}
 }
@@ -150,6 +163,10 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--gpus must be at least 1, got %d", o.GPUs)
 	case o.MaxNumSeqs < 0, o.MaxNumBatchedTokens < 0, o.MaxModelLen < 0:
 		return nil, flagError("--max-num-seqs, --max-num-batched-tokens and --max-model-len must not be negative")
+	case o.MaxMigrations < 0 || o.EngineMaxRestarts < 0:
+		return nil, flagError("--max-migrations and --engine-max-restarts must not be negative")
+	case o.EngineRestartWindow <= 0:
+		return nil, flagError("--engine-restart-window must be positive, got %v", o.EngineRestartWindow)
 	case o.CollectiveTimeout <= 0:
 		return nil, flagError("--ep-collective-timeout must be positive, got %v", o.CollectiveTimeout)
 	case o.DrainTimeout < 0:

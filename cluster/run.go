@@ -108,6 +108,8 @@ func Start(o Options) (*Running, error) {
 	cfg.HTTPAddress = httpAddr
 	cfg.AwaitMembership = true
 	cfg.ExpertParallel = o.ExpertParallel
+	cfg.Migration, cfg.MaxMigrations = o.Migration, o.MaxMigrations
+	cfg.Restart.MaxRestarts, cfg.Restart.Window = o.EngineMaxRestarts, o.EngineRestartWindow
 	cfg.CollectiveTimeout = o.CollectiveTimeout
 	cfg.NewExecutor = func(int, gpu.Device) (engine.Executor, error) {
 		return sim.NewExecutor(sim.ExecutorConfig{Profile: p.profile, Tokenizer: tok, Clock: engine.RealClock{}, TimeScale: o.SimTimeScale})

@@ -196,7 +196,8 @@ func (s *Server) version(w http.ResponseWriter, _ *http.Request) {
 }
 
 // health is 200 while at least one rank this node balances over takes
-// requests ("ok" when all do, "degraded" otherwise) and 503 when none does.
+// requests ("ok" when all do, "degraded" otherwise: some restart or
+// failed) and 503 when none does.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
@@ -205,12 +206,15 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "error": err.Error()})
 		return
 	}
-	ready, balanced := 0, 0
+	ready, balanced, failed := 0, 0, []int{}
 	for _, rk := range v.Ranks {
 		if rk.Balanced {
 			balanced++
 			if rk.Ready {
 				ready++
+			}
+			if rk.Failed {
+				failed = append(failed, rk.Rank)
 			}
 		}
 	}
@@ -221,5 +225,5 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	case ready < balanced:
 		status = "degraded"
 	}
-	writeJSON(w, code, map[string]any{"status": status, "ranks_ready": ready, "ranks": balanced})
+	writeJSON(w, code, map[string]any{"status": status, "ranks_ready": ready, "ranks": balanced, "ranks_failed": failed})
 }

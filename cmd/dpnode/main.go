@@ -97,6 +97,10 @@ calibrated simulated executor.`,
 	f.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length, prompt plus output (default: the profile's)")
 	f.BoolVar(&o.NoPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off")
 	f.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "on SIGTERM, how long to let requests in flight finish")
+	f.BoolVar(&o.Migration, "request-migration", o.Migration, "move a request mid-stream off a lost engine, to continue token-exactly on another rank")
+	f.IntVar(&o.MaxMigrations, "max-migrations", o.MaxMigrations, "how many lost engines one request may ride through")
+	f.IntVar(&o.EngineMaxRestarts, "engine-max-restarts", o.EngineMaxRestarts, "crashes within --engine-restart-window after which a rank is stopped and marked failed (0: never)")
+	f.DurationVar(&o.EngineRestartWindow, "engine-restart-window", o.EngineRestartWindow, "window over which engine crashes count")
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }

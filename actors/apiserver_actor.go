@@ -22,6 +22,7 @@ var (
 	ErrTooManyRestarts = errors.New("actors: the request's engines crashed too often")
 	ErrEngineLost      = errors.New("actors: the engine serving the request was lost mid-stream, and request migration is off")
 	ErrRankFailed      = errors.New("actors: the requested rank failed: its engine crashed too often and was stopped")
+	ErrDrained         = errors.New("actors: the node drained before the request finished; send it again to another node")
 )
 
 // RestartPolicy sets how a crashed engine comes back, and when it does not.
@@ -72,7 +73,9 @@ type APIServerConfig struct {
 	// when the engines are idle.
 	ExpertParallel bool
 	Policy         dp.Policy
-	Restart        RestartPolicy
+	// MaxNumSeqs is each engine's --max-num-seqs, for the balancer.
+	MaxNumSeqs int
+	Restart    RestartPolicy
 	// ParkTimeout bounds how long a request waits for a rank to become
 	// available (all ranks restarting, or its pinned rank down) before it
 	// fails with ErrNoRank.
@@ -198,6 +201,15 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		a.remoteStatuses(ctx, ctx.Sender(), []*dpnodev1.RankStatus{msg})
 	case *groupStatus:
 		a.groupStatus(ctx, msg)
+	case *failAll:
+		for _, c := range a.calls {
+			if c.rank != nil {
+				ctx.Send(c.rank.pid, &dpnodev1.AbortRequests{RequestIds: []string{c.sub.ID}})
+			}
+			a.parked = slices.DeleteFunc(a.parked, func(p *call) bool { return p == c })
+			a.fail(c, msg.err, "drained")
+		}
+		a.cfg.Metrics.parked.Set(float64(len(a.parked)))
 	case *nodeUp:
 		a.nodeUp(ctx, msg)
 	case *nodeDown:
@@ -258,7 +270,7 @@ func (a *APIServerActor) pick(c *call) (*rankState, error) {
 	}
 	a.loads = a.loads[:0]
 	for _, r := range a.ranks {
-		l := dp.RankLoad{Rank: r.rank, Available: r.ready, InFlight: r.inflight}
+		l := dp.RankLoad{Rank: r.rank, Available: r.ready && !r.draining, InFlight: r.inflight, Capacity: a.cfg.MaxNumSeqs}
 		if r.stats != nil {
 			l.Waiting, l.Running, l.KVUsage = int(r.stats.NumWaiting), int(r.stats.NumRunning), float64(r.stats.KvCacheUsage)
 		}

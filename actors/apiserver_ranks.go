@@ -26,6 +26,8 @@ type rankState struct {
 	ready    bool
 	inflight int
 	stats    *dpnodev1.EngineStats
+	// draining is true while the rank's node drains: no new requests.
+	draining bool
 	// crashes and timer are a local rank's restart bookkeeping; failed is
 	// set when it crashed too often and was stopped.
 	crashes []time.Time
@@ -241,7 +243,16 @@ func (a *APIServerActor) tellSubscribers(ctx actor.Context, r *rankState) {
 // nodeUp: another node joined. In internal mode its ranks join the
 // balancing set once its API server says they are ready.
 func (a *APIServerActor) nodeUp(ctx actor.Context, msg *nodeUp) {
-	if !a.cfg.BalanceRemote || msg.meta.LocalSize == 0 || a.hosts[msg.name] != nil {
+	if !a.cfg.BalanceRemote || msg.meta.LocalSize == 0 {
+		return
+	}
+	// A draining node finishes what it has: send it nothing new.
+	for _, r := range a.ranks {
+		if !r.local && r.node == msg.name {
+			r.draining = msg.meta.Draining
+		}
+	}
+	if a.hosts[msg.name] != nil {
 		return
 	}
 	host := actor.NewPID(msg.meta.ActorAddress, apiServerID)

@@ -102,6 +102,13 @@ func (c *CoordinatorActor) Receive(ctx actor.Context) {
 			c.timerAt = time.Time{}
 			c.tick(ctx)
 		}
+	case *dropRanks:
+		if c.waves != nil {
+			if g := c.waves.Drop(msg.ranks); g != nil {
+				c.cfg.Logger.Info("ranks left the cluster; the group goes on without them", "ranks", msg.ranks, "group", g.Ranks)
+				c.sendGroup(ctx, *g, nil)
+			}
+		}
 	case *dpnodev1.JoinGroup, *dpnodev1.FirstRequest, *dpnodev1.EngineStartedWave, *dpnodev1.WaveComplete, *dpnodev1.CollectiveTimeout:
 		if c.waves != nil {
 			c.wave(ctx, msg)

@@ -49,6 +49,12 @@ type awaitReady struct{}
 
 type ready struct{}
 
+// failAll ends every request in flight with err: a drain's deadline
+// passed.
+type failAll struct {
+	err error
+}
+
 // getView asks the API server for its ranks, for /v1/cluster.
 type getView struct{}
 

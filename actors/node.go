@@ -221,6 +221,28 @@ func (n *Node) MemberEvent(ev *MemberEvent) { n.system.Root.Send(n.root, ev) }
 // started a new one) and knows its members: the election may run.
 func (n *Node) MembershipReady() { n.system.Root.Send(n.root, &membershipReady{}) }
 
+// FailInFlight ends every request in flight with ErrDrained, in their
+// engines too: a drain ran out of time.
+func (n *Node) FailInFlight() { n.system.Root.Send(n.apiServer, &failAll{err: ErrDrained}) }
+
+// Idle reports whether the node has no request in flight: none of its API
+// server's, and none in its engines (sent by other nodes' API servers).
+func (n *Node) Idle(ctx context.Context) (bool, error) {
+	v, err := n.View(ctx)
+	if err != nil {
+		return false, err
+	}
+	if v.InFlight > 0 || v.Parked > 0 {
+		return false, nil
+	}
+	for _, r := range v.Ranks {
+		if r.Local && r.Running+r.Waiting > 0 {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // Failed is closed when the node can no longer serve; Err says why.
 func (n *Node) Failed() <-chan struct{} { return n.failed }
 
@@ -310,6 +332,11 @@ type nodeDown struct {
 type coordinatorStarted struct{}
 
 type membershipReady struct{}
+
+// dropRanks tells the coordinator that ranks left the cluster.
+type dropRanks struct {
+	ranks []int
+}
 
 type getMembers struct{}
 
@@ -405,6 +432,7 @@ func (n *nodeActor) start(ctx actor.Context) {
 		DataParallelSize: cfg.Topology.Size,
 		BalanceRemote:    cfg.Topology.BalancesRemote(),
 		ExpertParallel:   cfg.ExpertParallel,
+		MaxNumSeqs:       cfg.Scheduler.MaxNumSeqs,
 		Policy:           cfg.Policy,
 		Restart:          cfg.Restart,
 		ParkTimeout:      cfg.ParkTimeout,
@@ -430,10 +458,20 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 		n.members[ev.Name] = ev.Meta
 		ctx.Send(n.api, &nodeUp{name: ev.Name, meta: ev.Meta})
 	case MemberLeft:
-		if _, known := n.members[ev.Name]; !known {
+		left, known := n.members[ev.Name]
+		if !known {
 			return
 		}
 		delete(n.members, ev.Name)
+		if n.coord != nil && left.LocalSize > 0 {
+			// Its ranks will not report again: the waves go on without
+			// them now rather than after a collective timeout.
+			var ranks []int
+			for r := int(left.StartRank); r < int(left.StartRank+left.LocalSize); r++ {
+				ranks = append(ranks, r)
+			}
+			ctx.Send(n.coord, &dropRanks{ranks: ranks})
+		}
 		// Gossip declared the node dead or gone: whoever watches its
 		// actors hears Terminated now, not when a TCP timeout fires (a
 		// hung process keeps its connections open).

@@ -125,6 +125,18 @@ func (m *Membership) Address() string { return m.list.LocalNode().Address() }
 // NumMembers counts the live members, this node included.
 func (m *Membership) NumMembers() int { return m.list.NumMembers() }
 
+// SetMeta gossips new node metadata (a node that starts draining).
+func (m *Membership) SetMeta(meta *dpnodev1.NodeMeta) error {
+	b, err := proto.Marshal(meta)
+	if err != nil {
+		return err
+	}
+	m.d.mu.Lock()
+	m.d.meta = b
+	m.d.mu.Unlock()
+	return m.list.UpdateNode(2 * time.Second)
+}
+
 // Leave tells the others this node is going, so that they drop it at once
 // instead of after failure detection, then stops gossiping.
 func (m *Membership) Leave(timeout time.Duration) {
@@ -137,12 +149,12 @@ func (m *Membership) Leave(timeout time.Duration) {
 // events on without blocking.
 type delegate struct {
 	cfg      MembershipConfig
-	meta     []byte
 	self     dp.Member
 	selfAddr string
 
 	mu      sync.Mutex
 	refusal error
+	meta    []byte
 }
 
 func (d *delegate) refused() error {
@@ -152,7 +164,11 @@ func (d *delegate) refused() error {
 }
 
 // NodeMeta implements memberlist.Delegate.
-func (d *delegate) NodeMeta(int) []byte { return d.meta }
+func (d *delegate) NodeMeta(int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.meta
+}
 
 // NotifyMsg implements memberlist.Delegate; dpnode sends no user messages
 // over gossip (actors carry them).

@@ -204,6 +204,7 @@ type clusterView struct {
 		Ready       bool   `json:"ready"`
 		Balanced    bool   `json:"balanced"`
 		WaveRunning bool   `json:"wave_running"`
+		InFlight    int    `json:"in_flight"`
 	} `json:"ranks"`
 	Coordinator struct {
 		Node          string `json:"node"`

@@ -14,24 +14,30 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/dpnode/dpnode/actors"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/sim"
 	"github.com/dpnode/dpnode/gpu"
 	httpapi "github.com/dpnode/dpnode/http"
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
 // Running is a started node.
 type Running struct {
 	node       *actors.Node
 	membership *Membership
-	// server and ln are nil on a headless node.
+	// api, server and ln are nil on a headless node.
+	api    *httpapi.Server
 	server *http.Server
 	ln     net.Listener
-	served chan error
-	logger *slog.Logger
-	drain  time.Duration
+	// drainRequested is closed by POST /admin/drain.
+	drainRequested chan struct{}
+	drainOnce      sync.Once
+	served         chan error
+	logger         *slog.Logger
+	drain          time.Duration
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -76,7 +82,7 @@ func Start(o Options) (*Running, error) {
 		o.Logger.Warn("actor traffic between nodes is plaintext; set --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca to encrypt it")
 	}
 
-	r := &Running{served: make(chan error, 1), logger: o.Logger, drain: o.DrainTimeout}
+	r := &Running{served: make(chan error, 1), logger: o.Logger, drain: o.DrainTimeout, drainRequested: make(chan struct{})}
 	httpAddr := ""
 	if topo.ServesAPI() {
 		if r.ln, err = net.Listen("tcp", o.address()); err != nil {
@@ -144,6 +150,7 @@ func Start(o Options) (*Running, error) {
 			MaxModelLen: p.scheduler.MaxModelLen,
 			APIKey:      o.APIKey,
 			Gatherer:    reg,
+			OnDrain:     r.RequestDrain,
 			Version:     o.Version,
 			Logger:      o.Logger,
 		})
@@ -153,6 +160,7 @@ func Start(o Options) (*Running, error) {
 			closeListener()
 			return nil, err
 		}
+		r.api = api
 		r.server = &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { r.served <- r.server.Serve(r.ln) }()
 	}
@@ -186,23 +194,52 @@ func (r *Running) Addr() string {
 // Node is the node's actors.
 func (r *Running) Node() *actors.Node { return r.node }
 
-// Shutdown drains: it stops taking requests, lets those in flight finish
-// within the drain timeout (cutting off the rest after it), leaves the
-// cluster, then stops the actors. Calls after the first return its result.
+// RequestDrain asks Run to drain the node and return (POST /admin/drain).
+func (r *Running) RequestDrain() { r.drainOnce.Do(func() { close(r.drainRequested) }) }
+
+// Shutdown drains, then stops. Draining, the node refuses new requests
+// (503, and /health says draining) and gossips that it drains, so that
+// other nodes' API servers send it nothing new; it waits, up to the drain
+// timeout, until neither its API server nor its engines hold a request,
+// and past the timeout ends those left with a clear error. Then it stops
+// serving HTTP, leaves the cluster (the others drop its ranks at once),
+// and stops the actors. Calls after the first return its result.
 func (r *Running) Shutdown() error {
 	r.shutdownOnce.Do(func() { r.shutdownErr = r.shutdown() })
 	return r.shutdownErr
 }
 
 func (r *Running) shutdown() error {
+	deadline := time.Now().Add(r.drain)
+	r.logger.Info("draining: no new requests; waiting for those in flight", "timeout", r.drain)
+	if r.api != nil {
+		r.api.SetDraining()
+	}
+	meta := proto.Clone(r.node.Meta()).(*dpnodev1.NodeMeta)
+	meta.Draining = true
+	if err := r.membership.SetMeta(meta); err != nil {
+		r.logger.Warn("could not gossip that this node drains", "error", err)
+	}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		idle, err := r.node.Idle(ctx)
+		cancel()
+		if idle || err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			r.logger.Warn("drain timeout passed; ending the requests still in flight with an error")
+			r.node.FailInFlight()
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	var err error
 	if r.server != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), r.drain)
+		// What is left are handlers writing their last bytes.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		r.logger.Info("draining: no new requests; waiting for those in flight", "timeout", r.drain)
-		err = r.server.Shutdown(ctx)
-		if errors.Is(err, context.DeadlineExceeded) {
-			r.logger.Warn("drain timeout passed; closing the connections still open")
+		if err = r.server.Shutdown(ctx); errors.Is(err, context.DeadlineExceeded) {
 			err = r.server.Close()
 		}
 		if serveErr := <-r.served; serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
@@ -223,6 +260,8 @@ func Run(ctx context.Context, o Options) error {
 	}
 	select {
 	case <-ctx.Done():
+	case <-r.drainRequested:
+		r.logger.Info("drain requested over HTTP")
 	case err := <-r.served:
 		r.membership.Leave(2 * time.Second)
 		r.node.Stop()

@@ -13,6 +13,9 @@ type RankLoad struct {
 	Running int
 	// KVUsage is the engine's share of KV blocks in use, from 0 to 1.
 	KVUsage float64
+	// Capacity is the most requests the engine runs at once
+	// (--max-num-seqs); 0 when unknown.
+	Capacity int
 }
 
 // Policy picks the rank for a request.
@@ -26,12 +29,19 @@ type Policy interface {
 
 var _ Policy = (*LiveLoad)(nil)
 
-// LiveLoad scores ranks on the API server's exact in-flight counts, split
-// into running and queued by the engines' own stats: score = 4·queued +
-// running, plus a penalty for queued work on a rank whose KV cache is over
-// half full (where new requests wait for blocks). This is vLLM's score,
-// without its 100 ms staleness: a request sent a microsecond ago counts at
-// once. Ties rotate, so equal ranks share a burst evenly.
+// LiveLoad scores ranks on the API server's exact in-flight counts, with
+// the requests a saturated engine reports queued weighing four times:
+// score = in-flight + 3·queued. This is vLLM's 4·waiting + running without
+// its 100 ms staleness: a request sent a microsecond ago counts at once.
+//
+// Queue counts only where it means waiting for capacity: the engine runs
+// as many requests as it may, or its KV cache is nearly full. Elsewhere an
+// engine reports as waiting the requests that arrived during its last
+// step, which it admits at the next; weighing those herds a burst away
+// from whichever rank reported last. Nor does a request the engine has not
+// reported on count as queue: reports from a remote rank come later than
+// from a local one, and counting the gap would starve remote ranks. Ties
+// rotate, so equal ranks share a burst evenly.
 type LiveLoad struct {
 	next int
 }
@@ -56,8 +66,13 @@ func (p *LiveLoad) Pick(ranks []RankLoad) int {
 	return best
 }
 
+// kvSaturated is the KV usage from which new requests wait for blocks.
+const kvSaturated = 0.9
+
 func liveScore(r *RankLoad) float64 {
-	running := min(r.InFlight, r.Running)
-	queued := float64(r.InFlight - running)
-	return 4*queued + float64(running) + 6*queued*max(0, r.KVUsage-0.5)
+	queued := 0
+	if (r.Capacity > 0 && r.Running >= r.Capacity) || r.KVUsage >= kvSaturated {
+		queued = min(r.Waiting, r.InFlight)
+	}
+	return float64(r.InFlight + 3*queued)
 }

@@ -13,9 +13,11 @@ func TestLiveLoadPrefersTheLeastLoaded(t *testing.T) {
 		want  int
 	}{
 		{"fewer in flight", []RankLoad{{Available: true, InFlight: 3, Running: 3}, {Available: true, InFlight: 1, Running: 1}}, 1},
-		{"queued weighs four times running", []RankLoad{{Available: true, InFlight: 2, Running: 0}, {Available: true, InFlight: 5, Running: 5}}, 1},
-		{"fresh dispatches count before the engine reports them", []RankLoad{{Available: true, InFlight: 4, Running: 0}, {Available: true, InFlight: 2, Running: 0}}, 1},
-		{"a full KV cache penalises queued work", []RankLoad{{Available: true, InFlight: 10, Running: 8, KVUsage: 1}, {Available: true, InFlight: 11, Running: 9, KVUsage: 0.2}}, 1},
+		{"a saturated engine's queue weighs four times", []RankLoad{{Available: true, InFlight: 6, Running: 4, Waiting: 2, Capacity: 4}, {Available: true, InFlight: 9, Running: 9, Capacity: 16}}, 1},
+		{"waiting at an unsaturated engine is no queue", []RankLoad{{Available: true, InFlight: 6, Running: 4, Waiting: 2, Capacity: 16}, {Available: true, InFlight: 7, Running: 7, Capacity: 16}}, 0},
+		{"fresh dispatches count before the engine reports them", []RankLoad{{Available: true, InFlight: 4}, {Available: true, InFlight: 2}}, 1},
+		{"an unreported dispatch is not queue", []RankLoad{{Available: true, InFlight: 6, Running: 2, Capacity: 2}, {Available: true, InFlight: 5, Running: 1, Waiting: 1, Capacity: 1}}, 0},
+		{"a full KV cache makes waiting queue", []RankLoad{{Available: true, InFlight: 10, Running: 8, Waiting: 2, KVUsage: 0.95}, {Available: true, InFlight: 11, Running: 9, Waiting: 2, KVUsage: 0.2}}, 1},
 		{"unavailable ranks are skipped", []RankLoad{{Available: false}, {Available: true, InFlight: 50}}, 1},
 		{"none available", []RankLoad{{Available: false}, {Available: false}}, -1},
 		{"no ranks", nil, -1},

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,5 +57,52 @@ func TestHealthStates(t *testing.T) {
 				t.Fatalf("%d %s; want %d %s", rec.Code, rec.Body, tc.code, tc.status)
 			}
 		})
+	}
+}
+
+func TestAdminDrainNeedsAKeyOrALocalCaller(t *testing.T) {
+	drained := 0
+	newServer := func(key string) *Server {
+		s, err := New(Config{Backend: viewBackend{&actors.ClusterView{}}, Tokenizer: sim.NewTokenizer(0), MaxModelLen: 100,
+			Gatherer: prometheus.NewRegistry(), APIKey: key, OnDrain: func() { drained++ }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	cases := []struct {
+		name, key, remote, auth string
+		code                    int
+	}{
+		{"no key, remote caller", "", "10.1.2.3:5000", "", http.StatusForbidden},
+		{"no key, local caller", "", "127.0.0.1:5000", "", http.StatusAccepted},
+		{"key, no token", "k", "127.0.0.1:5000", "", http.StatusUnauthorized},
+		{"key, remote caller with the token", "k", "10.1.2.3:5000", "Bearer k", http.StatusAccepted},
+	}
+	for _, tc := range cases {
+		before := drained
+		req := httptest.NewRequest(http.MethodPost, "/admin/drain", nil)
+		req.RemoteAddr = tc.remote
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		rec := httptest.NewRecorder()
+		newServer(tc.key).Handler().ServeHTTP(rec, req)
+		if rec.Code != tc.code || (drained > before) != (tc.code == http.StatusAccepted) {
+			t.Errorf("%s: %d, drain started %v; want %d", tc.name, rec.Code, drained > before, tc.code)
+		}
+	}
+	// While draining, new work is refused and /health says so.
+	s := newServer("")
+	s.SetDraining()
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"x"}`)))
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" {
+		t.Fatalf("a request while draining: %d", rec.Code)
+	}
+	rec = httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/health", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "draining") {
+		t.Fatalf("/health while draining: %d %s", rec.Code, rec.Body)
 	}
 }

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -50,8 +52,10 @@ type Config struct {
 	MaxBodyBytes int64
 	// Gatherer is what /metrics exposes.
 	Gatherer prometheus.Gatherer
-	Version  string
-	Logger   *slog.Logger
+	// OnDrain is called by POST /admin/drain: the node drains and exits.
+	OnDrain func()
+	Version string
+	Logger  *slog.Logger
 }
 
 // DefaultMaxBodyBytes is Config.MaxBodyBytes's default.
@@ -59,10 +63,15 @@ const DefaultMaxBodyBytes = 16 << 20
 
 // Server serves the OpenAI API of one node.
 type Server struct {
-	cfg     Config
-	created int64
-	router  chi.Router
+	cfg      Config
+	created  int64
+	router   chi.Router
+	draining atomic.Bool
 }
+
+// SetDraining makes the server refuse new requests (503) and report
+// /health as draining, while the requests in flight finish.
+func (s *Server) SetDraining() { s.draining.Store(true) }
 
 // New checks cfg and builds the routes.
 func New(cfg Config) (*Server, error) {
@@ -98,9 +107,10 @@ func New(cfg Config) (*Server, error) {
 		r.Use(s.authenticate)
 		r.Get("/v1/models", s.models)
 		r.Get("/v1/cluster", s.cluster)
-		r.Post("/v1/completions", s.completions)
-		r.Post("/v1/chat/completions", s.chatCompletions)
+		r.With(s.refuseWhileDraining).Post("/v1/completions", s.completions)
+		r.With(s.refuseWhileDraining).Post("/v1/chat/completions", s.chatCompletions)
 	})
+	r.With(s.adminOnly).Post("/admin/drain", s.drain)
 	s.router = r
 	return s, nil
 }
@@ -138,6 +148,47 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+func (s *Server) refuseWhileDraining(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.draining.Load() {
+			w.Header().Set("Retry-After", "1")
+			writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: strp("draining"),
+				Message: "this node is draining: it finishes the requests it has and takes no new ones; send this one to another node"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// adminOnly admits the API key's holder; with no API key set, only local
+// callers (loopback), since an admin route must never be open to all.
+func (s *Server) adminOnly(next http.Handler) http.Handler {
+	keyed := s.authenticate(next)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.APIKey != "" {
+			keyed.ServeHTTP(w, r)
+			return
+		}
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+			writeError(w, &apiError{Status: http.StatusForbidden, Type: "permission_error",
+				Message: "admin routes need --api-key, or a caller on this machine"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// drain starts the node's drain and answers at once: 202.
+func (s *Server) drain(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.OnDrain == nil {
+		writeError(w, &apiError{Status: http.StatusNotImplemented, Type: "server_error", Message: "this server cannot drain"})
+		return
+	}
+	s.cfg.OnDrain()
+	writeJSON(w, http.StatusAccepted, map[string]string{"status": "draining"})
 }
 
 // decode reads a JSON body of at most MaxBodyBytes into v.
@@ -199,6 +250,10 @@ func (s *Server) version(w http.ResponseWriter, _ *http.Request) {
 // requests ("ok" when all do, "degraded" otherwise: some restart or
 // failed) and 503 when none does.
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "draining"})
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	v, err := s.cfg.Backend.View(ctx)

@@ -142,3 +142,92 @@ func TestSIGTERMDrainsThenExitsZero(t *testing.T) {
 		t.Fatalf("dpnode exited with %v after draining, want 0", err)
 	}
 }
+
+// startNode runs dpnode with args and returns its URL and the command.
+func startNode(t *testing.T, bin string, args ...string) (string, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"join", "--host", "127.0.0.1", "--port", "0", "--bind", "127.0.0.1:0", "--data-parallel-rpc-port", "0"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	logs := bufio.NewReader(stderr)
+	urlRE := regexp.MustCompile(`url=(http://\S+)`)
+	for {
+		line, err := logs.ReadString('\n')
+		if err != nil {
+			t.Fatalf("no serving line in the log: %v", err)
+		}
+		if m := urlRE.FindStringSubmatch(line); m != nil {
+			go func() { _, _ = io.Copy(io.Discard, logs) }()
+			return m[1], cmd
+		}
+	}
+}
+
+func post(t *testing.T, url, key, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestAdminDrain drains over HTTP: the caller needs the API key; then new
+// requests get 503, the stream in flight finishes, and the process exits 0.
+func TestAdminDrain(t *testing.T) {
+	bin := buildDpnode(t)
+	base, cmd := startNode(t, bin, "--api-key", "secret", "--sim-time-scale", "1")
+	if code, body := post(t, base+"/admin/drain", "wrong", ""); code != http.StatusUnauthorized {
+		t.Fatalf("drain with a wrong key: %d %s", code, body)
+	}
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions",
+		strings.NewReader(`{"prompt":"finish me","max_tokens":40,"ignore_eos":true,"stream":true}`))
+	req.Header.Set("Authorization", "Bearer secret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body := bufio.NewReader(resp.Body)
+	if _, err := body.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	if code, out := post(t, base+"/admin/drain", "secret", ""); code != http.StatusAccepted {
+		t.Fatalf("drain: %d %s", code, out)
+	}
+	code, out := post(t, base+"/v1/completions", "secret", `{"prompt":"too late","max_tokens":1}`)
+	if code != http.StatusServiceUnavailable || !strings.Contains(out, `"code":"draining"`) {
+		t.Fatalf("a new request while draining: %d %s; want 503 draining", code, out)
+	}
+	rest, err := io.ReadAll(body)
+	if err != nil || !strings.Contains(string(rest), `"finish_reason":"length"`) || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("the stream in flight during the drain: %v, ended %q", err, rest[max(0, len(rest)-60):])
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("dpnode exited with %v after the drain, want 0", err)
+	}
+}
+
+func TestAdminDrainWithoutAKeyIsLocalOnly(t *testing.T) {
+	bin := buildDpnode(t)
+	base, cmd := startNode(t, bin)
+	// The test's client is on loopback: allowed.
+	if code, out := post(t, base+"/admin/drain", "", ""); code != http.StatusAccepted {
+		t.Fatalf("local drain without a key: %d %s", code, out)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("dpnode exited with %v, want 0", err)
+	}
+}

@@ -46,8 +46,10 @@ type NodeMeta struct {
 	// Whether ranks step in lockstep waves (--enable-expert-parallel); all
 	// nodes of a cluster agree.
 	ExpertParallel bool `protobuf:"varint,10,opt,name=expert_parallel,json=expertParallel,proto3" json:"expert_parallel,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The node is draining: it finishes what it has and takes nothing new.
+	Draining      bool `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *NodeMeta) Reset() {
@@ -146,6 +148,13 @@ func (x *NodeMeta) GetModel() string {
 func (x *NodeMeta) GetExpertParallel() bool {
 	if x != nil {
 		return x.ExpertParallel
+	}
+	return false
+}
+
+func (x *NodeMeta) GetDraining() bool {
+	if x != nil {
+		return x.Draining
 	}
 	return false
 }
@@ -355,7 +364,7 @@ var File_dpnode_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x17dpnode/v1/cluster.proto\x12\tdpnode.v1\"\xd3\x02\n" +
+	"\x17dpnode/v1/cluster.proto\x12\tdpnode.v1\"\xef\x02\n" +
 	"\bNodeMeta\x12#\n" +
 	"\ractor_address\x18\x01 \x01(\tR\factorAddress\x12!\n" +
 	"\fhttp_address\x18\x02 \x01(\tR\vhttpAddress\x12\x1d\n" +
@@ -369,7 +378,8 @@ const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"\bheadless\x18\b \x01(\bR\bheadless\x12\x14\n" +
 	"\x05model\x18\t \x01(\tR\x05model\x12'\n" +
 	"\x0fexpert_parallel\x18\n" +
-	" \x01(\bR\x0eexpertParallel\"\x10\n" +
+	" \x01(\bR\x0eexpertParallel\x12\x1a\n" +
+	"\bdraining\x18\v \x01(\bR\bdraining\"\x10\n" +
 	"\x0eSubscribeRanks\"Y\n" +
 	"\n" +
 	"RankStatus\x12\x12\n" +

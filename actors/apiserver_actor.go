@@ -127,6 +127,9 @@ type APIServerActor struct {
 	// that balance over this node's ranks.
 	hosts       map[string]*actor.PID
 	subscribers []*actor.PID
+	// retry holds members whose connection broke, to subscribe to again.
+	retry      map[string]*actor.PID
+	retryTimer *time.Timer
 
 	// readyWaiters are answered once every local rank has been ready.
 	readyWaiters []*actor.PID
@@ -150,12 +153,16 @@ type call struct {
 // NewAPIServerProducer returns the producer of an APIServerActor.
 func NewAPIServerProducer(cfg APIServerConfig) actor.Producer {
 	return func() actor.Actor {
-		return &APIServerActor{cfg: cfg, calls: make(map[string]*call), byRank: make(map[int]*rankState), hosts: make(map[string]*actor.PID)}
+		return &APIServerActor{cfg: cfg, calls: make(map[string]*call), byRank: make(map[int]*rankState),
+			hosts: make(map[string]*actor.PID), retry: make(map[string]*actor.PID)}
 	}
 }
 
 // Receive implements actor.Actor.
 func (a *APIServerActor) Receive(ctx actor.Context) {
+	if faultHook != nil && faultHook(ctx) {
+		return
+	}
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		a.start(ctx)
@@ -214,6 +221,9 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		a.nodeUp(ctx, msg)
 	case *nodeDown:
 		a.nodeGone(ctx, msg.name)
+		delete(a.retry, msg.name)
+	case *retryHosts:
+		a.retryHosts(ctx)
 	case *actor.Terminated:
 		a.terminated(ctx, msg.Who)
 	case *getView:
@@ -244,6 +254,9 @@ func (a *APIServerActor) stop() {
 	}
 	if a.parkTimer != nil {
 		a.parkTimer.Stop()
+	}
+	if a.retryTimer != nil {
+		a.retryTimer.Stop()
 	}
 	for id, c := range a.calls {
 		c.sub.Stream.push(Event{Index: c.sub.Index, Finish: engine.FinishedError, Err: ErrAPIServerGone})

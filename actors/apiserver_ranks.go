@@ -302,6 +302,27 @@ func (a *APIServerActor) remoteStatuses(ctx actor.Context, from *actor.PID, stat
 	}
 }
 
+// hostRetryInterval is how often an API server tries again to reach a
+// member whose connection broke.
+const hostRetryInterval = 2 * time.Second
+
+func (a *APIServerActor) armRetry() {
+	if a.retryTimer == nil && len(a.retry) > 0 {
+		self, root := a.self, a.root
+		a.retryTimer = time.AfterFunc(hostRetryInterval, func() { root.Send(self, &retryHosts{}) })
+	}
+}
+
+func (a *APIServerActor) retryHosts(ctx actor.Context) {
+	a.retryTimer = nil
+	for name, pid := range a.retry {
+		delete(a.retry, name)
+		a.hosts[name] = pid
+		ctx.Watch(pid)
+		ctx.Request(pid, &dpnodev1.SubscribeRanks{})
+	}
+}
+
 // nodeGone takes a node's ranks out of balancing and moves their requests.
 func (a *APIServerActor) nodeGone(ctx actor.Context, name string) {
 	host := a.hosts[name]
@@ -323,7 +344,13 @@ func (a *APIServerActor) nodeGone(ctx actor.Context, name string) {
 func (a *APIServerActor) terminated(ctx actor.Context, who *actor.PID) {
 	for name, pid := range a.hosts {
 		if pid.Equal(who) {
+			// The connection broke, but the node may still be a member
+			// (a dropped path, not a death): until gossip says it left,
+			// try to subscribe again, so that its ranks come back when
+			// the path does.
 			a.nodeGone(ctx, name)
+			a.retry[name] = pid
+			a.armRetry()
 			return
 		}
 	}

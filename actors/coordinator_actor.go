@@ -63,6 +63,9 @@ func NewCoordinatorProducer(cfg CoordinatorConfig) actor.Producer {
 
 // Receive implements actor.Actor.
 func (c *CoordinatorActor) Receive(ctx actor.Context) {
+	if faultHook != nil && faultHook(ctx) {
+		return
+	}
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		c.self, c.root = ctx.Self(), ctx.ActorSystem().Root
@@ -140,7 +143,10 @@ func (c *CoordinatorActor) wave(ctx actor.Context, msg any) {
 	case *dpnodev1.CollectiveTimeout:
 		g := c.waves.Group()
 		if m.CoordinatorEpoch != g.Epoch || m.Seq != g.Seq {
-			return // about a group already re-formed
+			// About a group already re-formed: the engine waits in an old
+			// one (it missed the change, cut off); tell it the current.
+			c.sendGroup(ctx, g, []int{int(m.Rank)})
+			return
 		}
 		missing := make([]int, len(m.Missing))
 		for i, r := range m.Missing {

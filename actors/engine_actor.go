@@ -98,6 +98,9 @@ func NewEngineProducer(cfg EngineConfig, epoch *atomic.Uint64) actor.Producer {
 
 // Receive implements actor.Actor.
 func (e *EngineActor) Receive(ctx actor.Context) {
+	if faultHook != nil && faultHook(ctx) {
+		return
+	}
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		e.start(ctx)

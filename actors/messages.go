@@ -49,6 +49,10 @@ type awaitReady struct{}
 
 type ready struct{}
 
+// retryHosts fires when members whose connection broke may be reachable
+// again.
+type retryHosts struct{}
+
 // failAll ends every request in flight with err: a drain's deadline
 // passed.
 type failAll struct {

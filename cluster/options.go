@@ -23,6 +23,10 @@ type Options struct {
 	Host string
 	// Port is the HTTP port; 0 picks a free one (tests).
 	Port int
+	// MetricsPort, when not -1, also serves /metrics, /health and
+	// /v1/cluster on that port: what a headless node, which has no API
+	// port, offers its operators.
+	MetricsPort int
 	// PortSet is true when --port was given explicitly.
 	PortSet bool
 
@@ -96,6 +100,7 @@ func DefaultOptions() Options {
 	return Options{
 		Host:                  "0.0.0.0",
 		Port:                  8000,
+		MetricsPort:           -1,
 		DataParallelSize:      -1,
 		DataParallelSizeLocal: -1,
 		DataParallelStartRank: -1,
@@ -155,6 +160,8 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--sim-time-scale must be a finite number at least 0, got %v", o.SimTimeScale)
 	case o.Port < 0 || o.Port > 65535:
 		return nil, flagError("--port must be between 0 and 65535, got %d", o.Port)
+	case o.MetricsPort < -1 || o.MetricsPort > 65535:
+		return nil, flagError("--metrics-port must be between 0 and 65535, got %d", o.MetricsPort)
 	case o.RPCPort < 0 || o.RPCPort > 65535:
 		return nil, flagError("--data-parallel-rpc-port must be between 0 and 65535, got %d", o.RPCPort)
 	case o.Host != "" && net.ParseIP(o.Host) == nil && o.Host != "localhost":

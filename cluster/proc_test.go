@@ -147,15 +147,19 @@ func launch(t *testing.T, ip string, args ...string) (*proc, error) {
 			t.Logf("log of dpnode on %s:\n%s", ip, p.logs)
 		}
 	})
-	serving := regexp.MustCompile(`msg="dpnode serving" url=("[^"]*"|\S+) node=(\S+)`)
+	serving := regexp.MustCompile(`msg="dpnode serving" url=("[^"]*"|\S+) metrics_url=(\S+) node=(\S+)`)
 	deadline := time.After(30 * time.Second)
 	for {
 		if line, _ := p.logs.find(serving, 0); line != "" {
 			m := serving.FindStringSubmatch(line)
-			if strings.HasPrefix(m[1], "http") {
+			switch {
+			case strings.HasPrefix(m[1], "http"):
 				p.url = m[1]
+			case strings.HasPrefix(m[2], "http"):
+				// A headless node's /metrics, /health and /v1/cluster.
+				p.url = m[2]
 			}
-			p.name = m[2]
+			p.name = m[3]
 			return p, nil
 		}
 		select {

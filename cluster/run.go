@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -32,6 +33,9 @@ type Running struct {
 	api    *httpapi.Server
 	server *http.Server
 	ln     net.Listener
+	// metrics serves the --metrics-port, when set.
+	metrics   *http.Server
+	metricsLn net.Listener
 	// drainRequested is closed by POST /admin/drain.
 	drainRequested chan struct{}
 	drainOnce      sync.Once
@@ -164,12 +168,28 @@ func Start(o Options) (*Running, error) {
 		r.server = &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { r.served <- r.server.Serve(r.ln) }()
 	}
+	metricsURL := "none"
+	if o.MetricsPort >= 0 {
+		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.MetricsPort))
+		m, err := httpapi.New(httpapi.Config{Backend: r.node, Tokenizer: tok, MaxModelLen: p.scheduler.MaxModelLen,
+			APIKey: o.APIKey, Gatherer: reg, OnDrain: r.RequestDrain, MetricsOnly: true, Version: o.Version, Logger: o.Logger})
+		if err == nil {
+			r.metricsLn, err = net.Listen("tcp", addr)
+		}
+		if err != nil {
+			_ = r.Shutdown()
+			return nil, fmt.Errorf("cluster: serving metrics on %s: %w", addr, err)
+		}
+		r.metrics = &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = r.metrics.Serve(r.metricsLn) }()
+		metricsURL = "http://" + r.metricsLn.Addr().String()
+	}
 	url := "none (headless)"
 	if r.ln != nil {
 		url = "http://" + r.ln.Addr().String()
 	}
 	o.Logger.Info("dpnode serving",
-		"url", url, "node", cfg.Name, "mode", topo.Mode.String(), "model", p.served, "engine", o.Engine, "sim_profile", p.profile.Name,
+		"url", url, "metrics_url", metricsURL, "node", cfg.Name, "mode", topo.Mode.String(), "model", p.served, "engine", o.Engine, "sim_profile", p.profile.Name,
 		"sim_time_scale", o.SimTimeScale, "ranks", rankRange(topo.StartRank, topo.LocalSize, topo.Size),
 		"gpus", inv.Source, "gossip", r.membership.Address(), "actors", r.node.Meta().ActorAddress,
 		"seeds", len(o.Seeds), "max_model_len", p.scheduler.MaxModelLen)
@@ -247,6 +267,9 @@ func (r *Running) shutdown() error {
 		}
 	}
 	r.membership.Leave(2 * time.Second)
+	if r.metrics != nil {
+		_ = r.metrics.Close()
+	}
 	r.node.Stop()
 	r.logger.Info("stopped")
 	return err

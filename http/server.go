@@ -54,8 +54,11 @@ type Config struct {
 	Gatherer prometheus.Gatherer
 	// OnDrain is called by POST /admin/drain: the node drains and exits.
 	OnDrain func()
-	Version string
-	Logger  *slog.Logger
+	// MetricsOnly serves only /metrics, /health and /v1/cluster (and the
+	// debug routes of a chaos build): a headless node's metrics port.
+	MetricsOnly bool
+	Version     string
+	Logger      *slog.Logger
 }
 
 // DefaultMaxBodyBytes is Config.MaxBodyBytes's default.
@@ -103,6 +106,12 @@ func New(cfg Config) (*Server, error) {
 	r.Get("/health", s.health)
 	r.Get("/version", s.version)
 	r.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
+	s.debugRoutes(r)
+	if cfg.MetricsOnly {
+		r.With(s.authenticate).Get("/v1/cluster", s.cluster)
+		s.router = r
+		return s, nil
+	}
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		r.Get("/v1/models", s.models)

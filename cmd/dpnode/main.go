@@ -66,6 +66,7 @@ calibrated simulated executor.`,
 	f := cmd.Flags()
 	f.StringVar(&o.Host, "host", o.Host, "address the HTTP server listens on")
 	f.IntVar(&o.Port, "port", o.Port, "HTTP port")
+	f.IntVar(&o.MetricsPort, "metrics-port", o.MetricsPort, "also serve /metrics, /health and /v1/cluster on this port (a headless node has no other; -1: off)")
 	f.IntVar(&o.DataParallelSize, "data-parallel-size", o.DataParallelSize, "ranks in the whole deployment (default: the local ranks)")
 	f.IntVar(&o.DataParallelSizeLocal, "data-parallel-size-local", o.DataParallelSizeLocal, "ranks on this node, one GPU each (default: one per GPU found)")
 	f.IntVar(&o.DataParallelStartRank, "data-parallel-start-rank", o.DataParallelStartRank, "first rank on this node (default 0)")

@@ -130,6 +130,8 @@ type APIServerActor struct {
 	// retry holds members whose connection broke, to subscribe to again.
 	retry      map[string]*actor.PID
 	retryTimer *time.Timer
+	// reconcileTimer is armed while calls run on remote ranks.
+	reconcileTimer *time.Timer
 
 	// readyWaiters are answered once every local rank has been ready.
 	readyWaiters []*actor.PID
@@ -142,12 +144,14 @@ type APIServerActor struct {
 type call struct {
 	sub *Submission
 	// rank is where the call runs; nil while parked.
-	rank     *rankState
-	output   []uint32
-	firstAt  time.Time
-	lastAt   time.Time
-	parkedAt time.Time
-	moves    int
+	rank *rankState
+	// dispatchedAt is when the call was last sent to its rank.
+	dispatchedAt time.Time
+	output       []uint32
+	firstAt      time.Time
+	lastAt       time.Time
+	parkedAt     time.Time
+	moves        int
 }
 
 // NewAPIServerProducer returns the producer of an APIServerActor.
@@ -224,10 +228,15 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		delete(a.retry, msg.name)
 	case *retryHosts:
 		a.retryHosts(ctx)
+	case *reconcile:
+		a.reconcile(ctx)
+	case *dpnodev1.RequestList:
+		a.requestList(ctx, msg)
 	case *actor.Terminated:
 		a.terminated(ctx, msg.Who)
 	case *getView:
 		ctx.Respond(a.view())
+
 	case *awaitReady:
 		if a.allReady {
 			ctx.Respond(&ready{})
@@ -257,6 +266,9 @@ func (a *APIServerActor) stop() {
 	}
 	if a.retryTimer != nil {
 		a.retryTimer.Stop()
+	}
+	if a.reconcileTimer != nil {
+		a.reconcileTimer.Stop()
 	}
 	for id, c := range a.calls {
 		c.sub.Stream.push(Event{Index: c.sub.Index, Finish: engine.FinishedError, Err: ErrAPIServerGone})
@@ -305,7 +317,8 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 		a.park(c)
 		return
 	}
-	c.rank, c.parkedAt = r, time.Time{}
+	c.rank, c.parkedAt, c.dispatchedAt = r, time.Time{}, time.Now()
+	a.armReconcile()
 	r.inflight++
 	r.metrics.inflight.Set(float64(r.inflight))
 	add := &dpnodev1.AddRequest{
@@ -464,24 +477,91 @@ func (a *APIServerActor) move(ctx actor.Context, r *rankState) int {
 	// Oldest first, so that the re-dispatch keeps arrival order.
 	slices.SortFunc(moved, func(x, y *call) int { return x.sub.Arrival.Compare(y.sub.Arrival) })
 	for _, c := range moved {
-		a.release(c)
-		c.moves++
-		switch {
-		case c.moves > a.cfg.MaxMigrations:
-			a.fail(c, fmt.Errorf("%w: %d crashes", ErrTooManyRestarts, c.moves), "too_many_restarts")
-			continue
-		case len(c.output) > 0 && !a.cfg.Migration:
-			a.fail(c, fmt.Errorf("%w (rank %d, after %d tokens)", ErrEngineLost, r.rank, len(c.output)), "engine_lost")
-			continue
-		}
-		if len(c.output) == 0 {
-			r.metrics.redispatched.Inc()
-		} else {
-			r.metrics.migrated.Inc()
-		}
-		a.dispatch(ctx, c)
+		a.moveCall(ctx, c)
 	}
 	return len(moved)
+}
+
+// moveCall sends a call whose engine lost it elsewhere: again from the
+// start if it had no output, or migrated with its tokens so far.
+func (a *APIServerActor) moveCall(ctx actor.Context, c *call) {
+	r := c.rank
+	a.release(c)
+	c.moves++
+	switch {
+	case c.moves > a.cfg.MaxMigrations:
+		a.fail(c, fmt.Errorf("%w: %d crashes", ErrTooManyRestarts, c.moves), "too_many_restarts")
+		return
+	case len(c.output) > 0 && !a.cfg.Migration:
+		a.fail(c, fmt.Errorf("%w (rank %d, after %d tokens)", ErrEngineLost, r.rank, len(c.output)), "engine_lost")
+		return
+	}
+	if len(c.output) == 0 {
+		r.metrics.redispatched.Inc()
+	} else {
+		r.metrics.migrated.Inc()
+	}
+	a.dispatch(ctx, c)
+}
+
+// reconcileInterval is how often an API server checks that the engines it
+// sent requests to hold them.
+const reconcileInterval = 5 * time.Second
+
+func (a *APIServerActor) armReconcile() {
+	if a.reconcileTimer == nil {
+		self, root := a.self, a.root
+		a.reconcileTimer = time.AfterFunc(reconcileInterval, func() { root.Send(self, &reconcile{}) })
+	}
+}
+
+// reconcile asks each engine that holds calls of this API server which it
+// holds. A message between nodes can be lost when a connection breaks (a
+// peer restarted at the same address, a keepalive timeout); the answer
+// shows a call whose request, or whose last output, was lost. Within a
+// process nothing is lost, but asking costs one message per engine every
+// few seconds, and one rule for every rank is simpler to trust.
+func (a *APIServerActor) reconcile(ctx actor.Context) {
+	a.reconcileTimer = nil
+	now := time.Now()
+	asked := map[*rankState]bool{}
+	for _, c := range a.calls {
+		if r := c.rank; r != nil && !asked[r] {
+			asked[r] = true
+			r.listAsked = now
+			ctx.Request(r.pid, &dpnodev1.ListRequests{})
+		}
+	}
+	if len(asked) > 0 {
+		a.armReconcile()
+	}
+}
+
+// requestList moves the calls an engine does not hold though they were
+// sent to it before it was asked: they were lost on the way. Each is
+// aborted at the engine first, so that it can never run twice.
+func (a *APIServerActor) requestList(ctx actor.Context, msg *dpnodev1.RequestList) {
+	r := a.byRank[int(msg.Rank)]
+	if r == nil || msg.EngineEpoch != r.epoch.Load() {
+		return
+	}
+	held := make(map[string]bool, len(msg.RequestIds))
+	for _, id := range msg.RequestIds {
+		held[id] = true
+	}
+	var lost []*call
+	for id, c := range a.calls {
+		if c.rank == r && !held[id] && c.dispatchedAt.Before(r.listAsked) {
+			lost = append(lost, c)
+		}
+	}
+	slices.SortFunc(lost, func(x, y *call) int { return x.sub.Arrival.Compare(y.sub.Arrival) })
+	for _, c := range lost {
+		a.cfg.Logger.Warn("a request, or its last output, was lost between this node and its engine; sending it again",
+			"rank", r.rank, "request", c.sub.ID, "tokens_so_far", len(c.output))
+		ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: []string{c.sub.ID}})
+		a.moveCall(ctx, c)
+	}
 }
 
 // coordinatorChanged follows the node actor's election: every node follows

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -28,6 +29,9 @@ type rankState struct {
 	stats    *dpnodev1.EngineStats
 	// draining is true while the rank's node drains: no new requests.
 	draining bool
+	// listAsked is when the rank's engine was last asked which requests
+	// it holds.
+	listAsked time.Time
 	// crashes and timer are a local rank's restart bookkeeping; failed is
 	// set when it crashed too often and was stopped.
 	crashes []time.Time
@@ -51,7 +55,10 @@ func (a *APIServerActor) start(ctx actor.Context) {
 		r := &rankState{rank: ec.Rank, local: true, node: a.cfg.Node, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(ec.Rank)}
 		ec.Metrics = r.metrics
 		r.cfg = ec
-		r.epoch.Store(1)
+		// From the clock, not 1: when the API server itself restarts, its
+		// engines restart with it, and every API server that sent them
+		// requests must see new incarnations.
+		r.epoch.Store(uint64(time.Now().UnixNano()))
 		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(NewEngineProducer(ec, r.epoch)), fmt.Sprintf("engine-%d", ec.Rank))
 		if err != nil {
 			panic(fmt.Errorf("actors: spawning the engine of rank %d: %w", ec.Rank, err))
@@ -62,6 +69,9 @@ func (a *APIServerActor) start(ctx actor.Context) {
 	if len(a.cfg.Engines) == 0 {
 		a.allReady = true
 	}
+	// A restarted API server knows nothing of the cluster: its node tells
+	// it the members and the coordinator again.
+	ctx.Send(ctx.Parent(), &apiServerStarted{})
 }
 
 func (a *APIServerActor) addRank(r *rankState) {
@@ -222,15 +232,20 @@ func (a *APIServerActor) subscribeRanks(ctx actor.Context) {
 		a.subscribers = append(a.subscribers, s)
 		ctx.Watch(s)
 	}
+	a.pushStatuses(ctx, s)
+}
+
+// pushStatuses sends this node's rank statuses to an API server.
+func (a *APIServerActor) pushStatuses(ctx actor.Context, to *actor.PID) {
 	var st dpnodev1.RankStatuses
 	for _, r := range a.ranks {
 		if r.local {
 			st.Ranks = append(st.Ranks, localStatus(r))
 		}
 	}
-	// Sent with this API server as sender: that is how the subscriber
-	// knows which node speaks.
-	ctx.Request(s, &st)
+	// Sent with this API server as sender: that is how the receiver knows
+	// which node speaks.
+	ctx.Request(to, &st)
 }
 
 func (a *APIServerActor) tellSubscribers(ctx actor.Context, r *rankState) {
@@ -243,6 +258,13 @@ func (a *APIServerActor) tellSubscribers(ctx actor.Context, r *rankState) {
 // nodeUp: another node joined. In internal mode its ranks join the
 // balancing set once its API server says they are ready.
 func (a *APIServerActor) nodeUp(ctx actor.Context, msg *nodeUp) {
+	// Every member hears of this node's ranks: an API server that balances
+	// over them learns at once when they restart (with this one), and
+	// the others ignore it.
+	if peer := actor.NewPID(msg.meta.ActorAddress, apiServerID); !slices.ContainsFunc(a.subscribers, peer.Equal) {
+		a.subscribers = append(a.subscribers, peer)
+		a.pushStatuses(ctx, peer)
+	}
 	if !a.cfg.BalanceRemote || msg.meta.LocalSize == 0 {
 		return
 	}
@@ -256,6 +278,11 @@ func (a *APIServerActor) nodeUp(ctx actor.Context, msg *nodeUp) {
 		return
 	}
 	host := actor.NewPID(msg.meta.ActorAddress, apiServerID)
+	// One address holds one live process: a node of another name at this
+	// address is an earlier incarnation, dead even if gossip has not said
+	// so yet. Its ranks go now, or statuses of the new one could be taken
+	// for its own and lost when it is finally declared gone.
+	a.forgetOtherIncarnations(ctx, msg.name, host)
 	a.hosts[msg.name] = host
 	ctx.Watch(host)
 	ctx.Request(host, &dpnodev1.SubscribeRanks{})
@@ -265,12 +292,7 @@ func (a *APIServerActor) nodeUp(ctx actor.Context, msg *nodeUp) {
 // ranks. A rank whose engine changed (a new epoch, or a new incarnation of
 // the node) lost the requests it held: they move.
 func (a *APIServerActor) remoteStatuses(ctx actor.Context, from *actor.PID, statuses []*dpnodev1.RankStatus) {
-	node := ""
-	for name, pid := range a.hosts {
-		if pid.Equal(from) {
-			node = name
-		}
-	}
+	node := a.hostName(from)
 	if node == "" {
 		return
 	}
@@ -286,20 +308,34 @@ func (a *APIServerActor) remoteStatuses(ctx actor.Context, from *actor.PID, stat
 			r = &rankState{rank: rank, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(rank)}
 			a.addRank(r)
 		}
-		if r.node != node || r.epoch.Load() != st.EngineEpoch {
+		replaced := r.node != node || r.epoch.Load() != st.EngineEpoch
+		// The rank's new state first: the requests moved off it must not
+		// be sent back to the engine that lost them.
+		r.node, r.ready = node, st.Ready
+		r.pid = actor.NewPID(from.Address, engineID(rank))
+		r.epoch.Store(st.EngineEpoch)
+		if replaced {
+			r.stats = nil
 			if n := a.move(ctx, r); n > 0 {
 				a.cfg.Logger.Warn("a remote engine was replaced; moved its requests", "rank", rank, "node", node, "requests", n)
 			}
-			r.node, r.stats = node, nil
-			r.pid = actor.NewPID(from.Address, engineID(rank))
-			r.epoch.Store(st.EngineEpoch)
 		}
-		r.ready = st.Ready
 		unpark = unpark || st.Ready
 	}
 	if unpark {
 		a.unpark(ctx)
 	}
+}
+
+// hostName is the name of the node whose API server is pid, or "". There
+// is at most one: see forgetOtherIncarnations.
+func (a *APIServerActor) hostName(pid *actor.PID) string {
+	for name, p := range a.hosts {
+		if p.Equal(pid) {
+			return name
+		}
+	}
+	return ""
 }
 
 // hostRetryInterval is how often an API server tries again to reach a
@@ -317,9 +353,27 @@ func (a *APIServerActor) retryHosts(ctx actor.Context) {
 	a.retryTimer = nil
 	for name, pid := range a.retry {
 		delete(a.retry, name)
+		if a.hostName(pid) != "" {
+			continue // a newer incarnation at the same address
+		}
 		a.hosts[name] = pid
 		ctx.Watch(pid)
 		ctx.Request(pid, &dpnodev1.SubscribeRanks{})
+	}
+}
+
+// forgetOtherIncarnations drops every host entry other than name that
+// has the same API server PID.
+func (a *APIServerActor) forgetOtherIncarnations(ctx actor.Context, name string, host *actor.PID) {
+	for other, pid := range a.retry {
+		if other != name && pid.Equal(host) {
+			delete(a.retry, other)
+		}
+	}
+	for other, pid := range a.hosts {
+		if other != name && pid.Equal(host) {
+			a.nodeGone(ctx, other)
+		}
 	}
 }
 
@@ -330,7 +384,11 @@ func (a *APIServerActor) nodeGone(ctx actor.Context, name string) {
 		return
 	}
 	delete(a.hosts, name)
-	ctx.Unwatch(host)
+	// A new incarnation at the same address has the same PID: keep
+	// watching it.
+	if !slices.ContainsFunc(slices.Collect(maps.Values(a.hosts)), host.Equal) {
+		ctx.Unwatch(host)
+	}
 	for _, r := range a.ranks {
 		if !r.local && r.node == name {
 			r.ready, r.stats = false, nil

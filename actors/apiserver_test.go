@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -192,5 +193,39 @@ func TestRankThatCrashesTooOftenIsStopped(t *testing.T) {
 	tn.Submit(&Submission{ID: "late", Prompt: tn.tok.Encode("x"), Sampling: engine.SamplingParams{MaxTokens: 1}, Rank: 0, Stream: late, Arrival: time.Now()})
 	if r := collect(ctx, late); !errors.Is(r.err, ErrRankFailed) {
 		t.Fatalf("pinned to the failed rank: %v", r.err)
+	}
+}
+
+// TestLostRequestIsSentAgain tells the API server, as an engine that lost
+// a request would, that the engine holds none of its requests: the request
+// in flight is aborted there and sent again, and its stream ends
+// token-exactly.
+func TestLostRequestIsSentAgain(t *testing.T) {
+	tn := startTestNode(t, 1, 0.2, -1, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s := NewStream()
+	prompt := tn.tok.Encode("lost on the way")
+	sp := engine.SamplingParams{MaxTokens: 200, IgnoreEOS: true}
+	tn.Submit(&Submission{ID: "lost", Prompt: prompt, Sampling: sp, Rank: AnyRank, Stream: s, Arrival: time.Now()})
+	first, err := s.Next(ctx, nil)
+	if err != nil || len(first) == 0 {
+		t.Fatalf("no first token: %v", err)
+	}
+	// The API server asks engines what they hold every few seconds;
+	// answer, as the engine that lost the request would: nothing.
+	tn.System().Root.Send(tn.APIServer(), &reconcile{})
+	v, err := tn.View(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn.System().Root.Send(tn.APIServer(), &dpnodev1.RequestList{Rank: 0, EngineEpoch: v.Ranks[0].Epoch})
+	r := collect(ctx, s)
+	tokens := append(append([]uint32{}, first[0].Tokens...), r.tokens...)
+	if r.err != nil || !slices.Equal(tokens, tn.expected(prompt, sp)) {
+		t.Fatalf("the stream after its request was sent again: %v, %d tokens", r.err, len(tokens))
+	}
+	if moved := metricSum(t, tn.reg, "dpnode_requests_migrated_total", 0) + metricSum(t, tn.reg, "dpnode_requests_redispatched_total", 0); moved != 1 {
+		t.Fatalf("%v moves, want the lost request's one", moved)
 	}
 }

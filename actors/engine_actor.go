@@ -113,6 +113,10 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 		}
 	case *dpnodev1.AddRequest:
 		e.add(ctx, msg)
+	case *dpnodev1.ListRequests:
+		asker := ctx.Sender()
+		ctx.Respond(&dpnodev1.RequestList{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch,
+			RequestIds: e.sched.IDs(func(c any) bool { return asker != nil && c.(*actor.PID).Equal(asker) })})
 	case *dpnodev1.AbortRequests:
 		e.sched.Abort(msg.RequestIds...)
 		if e.inFlight == nil {

@@ -49,6 +49,9 @@ type awaitReady struct{}
 
 type ready struct{}
 
+// reconcile fires when an API server checks its calls on remote ranks.
+type reconcile struct{}
+
 // retryHosts fires when members whose connection broke may be reachable
 // again.
 type retryHosts struct{}

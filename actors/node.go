@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -333,6 +335,10 @@ type coordinatorStarted struct{}
 
 type membershipReady struct{}
 
+// apiServerStarted asks the node actor to tell a (re)started API server
+// what it knows: the members and the coordinator.
+type apiServerStarted struct{}
+
 // dropRanks tells the coordinator that ranks left the cluster.
 type dropRanks struct {
 	ranks []int
@@ -388,6 +394,15 @@ func (n *nodeActor) Receive(ctx actor.Context) {
 	case *membershipReady:
 		n.electing = true
 		n.reelect(ctx)
+	case *apiServerStarted:
+		for name, m := range n.members {
+			if name != n.cfg.Name {
+				ctx.Send(n.api, &nodeUp{name: name, meta: m})
+			}
+		}
+		if n.coordTold {
+			ctx.Send(n.api, &dpnodev1.CoordinatorChanged{ActorAddress: n.coordAddr, Epoch: n.coordEpoch})
+		}
 	case *dpnodev1.CoordinatorChanged:
 		// The coordinator this node elected restarted in place: same
 		// epoch, but its subscribers and stats are gone. Announcements of
@@ -453,6 +468,12 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 	if ev.Name == n.cfg.Name || ev.Meta == nil {
 		return
 	}
+	if ev.Meta.ActorAddress == n.self.ActorAddress {
+		// An earlier incarnation of this node, restarted before gossip
+		// declared it dead: it is not a peer, and its death must not cut
+		// this incarnation's connections.
+		return
+	}
 	switch ev.Kind {
 	case MemberJoined, MemberUpdated:
 		n.members[ev.Name] = ev.Meta
@@ -474,8 +495,12 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 		}
 		// Gossip declared the node dead or gone: whoever watches its
 		// actors hears Terminated now, not when a TCP timeout fires (a
-		// hung process keeps its connections open).
-		if addr := ev.Meta.ActorAddress; addr != "" {
+		// hung process keeps its connections open). Not when a new
+		// incarnation already holds the address (a node restarted before
+		// its death was declared): that would cut the new one's
+		// connections, and the messages on them.
+		if addr := ev.Meta.ActorAddress; addr != "" && !slices.ContainsFunc(slices.Collect(maps.Values(n.members)),
+			func(m *dpnodev1.NodeMeta) bool { return m.ActorAddress == addr }) {
 			ctx.ActorSystem().EventStream.Publish(&remote.EndpointTerminatedEvent{Address: addr})
 		}
 		ctx.Send(n.api, &nodeDown{name: ev.Name})

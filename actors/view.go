@@ -19,6 +19,8 @@ type RankView struct {
 	Local    bool `json:"local"`
 	Balanced bool `json:"balanced"`
 	Ready    bool `json:"ready"`
+	// Epoch numbers the rank's engine incarnation.
+	Epoch uint64 `json:"engine_epoch"`
 	// Failed: the rank's engine crashed too often and was stopped.
 	Failed   bool    `json:"failed"`
 	InFlight int     `json:"in_flight"`
@@ -92,7 +94,7 @@ func (a *APIServerActor) view() *apiServerView {
 	v := &apiServerView{parked: len(a.parked), inFlight: len(a.calls), snapshot: a.snapshot}
 	for _, r := range a.ranks {
 		rv := RankView{Rank: r.rank, Node: r.node, Local: r.local, Balanced: r.local || a.cfg.BalanceRemote,
-			Ready: r.ready, Failed: r.failed, InFlight: r.inflight, Device: r.cfg.Device}
+			Ready: r.ready, Epoch: r.epoch.Load(), Failed: r.failed, InFlight: r.inflight, Device: r.cfg.Device}
 		for _, t := range r.crashes {
 			if now.Sub(t) <= a.cfg.Restart.Window {
 				rv.Restarts++

@@ -413,3 +413,54 @@ func TestDrainingHeadlessNodeFinishesItsRequests(t *testing.T) {
 		t.Fatalf("%v requests had to move: the drain should have let them finish", moved)
 	}
 }
+
+// TestHeadlessNodeRestartedAtOnce kills a headless node and starts it again
+// at the same address before gossip has declared the first incarnation
+// dead: the API node must take the new incarnation's ranks for its own,
+// and keep them when the old one is finally declared gone.
+func TestHeadlessNodeRestartedAtOnce(t *testing.T) {
+	ipA, ipB := "127.0.0.191", "127.0.0.192"
+	// LAN timings: the old incarnation stays a member for several
+	// seconds, long enough for the API node to hear the new one's ranks
+	// while both are members.
+	a := startProc(t, ipA, nodeArgs(ipA, "--host", ipA, "--port", "0", "--sim-time-scale", "1", "--gossip-profile", "lan",
+		"--data-parallel-lb", "internal", "--data-parallel-size", "4", "--data-parallel-size-local", "2")...)
+	argsB := nodeArgs(ipB, "--headless", "--sim-time-scale", "1", "--gossip-profile", "lan",
+		"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
+		"--seeds", ipA+":7946")
+	b := startProc(t, ipB, argsB...)
+	var old string
+	a.waitView("the API node balances over B's ranks", 10*time.Second, func(v clusterView) bool {
+		old = v.Ranks[len(v.Ranks)-1].Node
+		return len(v.Ranks) == 4 && v.Ranks[2].Ready && v.Ranks[3].Ready
+	})
+	b.signal(syscall.SIGKILL)
+	<-b.done
+	startProc(t, ipB, argsB...)
+	onNew := func(v clusterView) bool {
+		for _, r := range v.Ranks[2:] {
+			if !r.Ready || r.Node == old || r.Node == v.Self {
+				return false
+			}
+		}
+		return true
+	}
+	a.waitView("the new incarnation's ranks are ready", 15*time.Second, onNew)
+	v := a.waitView("gossip declares the old incarnation gone", 40*time.Second, func(v clusterView) bool {
+		for _, n := range v.Nodes {
+			if n.Name == old {
+				return false
+			}
+		}
+		return true
+	})
+	if !onNew(v) {
+		t.Fatalf("the restarted node's ranks were lost with its old incarnation: %+v", v.Ranks)
+	}
+	if failed, err := burst(a.url, 100, 5); failed > 0 {
+		t.Fatalf("%d of 100 requests failed; first: %v", failed, err)
+	}
+	if v, err := a.view(); err != nil || !onNew(v) {
+		t.Fatalf("after a burst, the restarted node's ranks: %+v (%v)", v.Ranks, err)
+	}
+}

@@ -171,6 +171,17 @@ func (s *Scheduler) remove(req *Request) {
 	s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return r == req })
 }
 
+// IDs lists the ids of the requests whose client satisfies client.
+func (s *Scheduler) IDs(client func(any) bool) []string {
+	var ids []string
+	for id, r := range s.requests {
+		if client(r.client) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
 // HasWork reports whether any request waits or runs.
 func (s *Scheduler) HasWork() bool { return len(s.requests) > 0 }
 

@@ -624,6 +624,106 @@ func (x *EngineStats) GetWaveRunning() bool {
 	return false
 }
 
+// ListRequests asks an engine which requests it holds.
+type ListRequests struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRequests) Reset() {
+	*x = ListRequests{}
+	mi := &file_dpnode_v1_engine_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRequests) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRequests) ProtoMessage() {}
+
+func (x *ListRequests) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_engine_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRequests.ProtoReflect.Descriptor instead.
+func (*ListRequests) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{6}
+}
+
+// RequestList is an engine's answer: the requests it holds for the asker.
+// An API server that sent a request the engine does not hold, before it
+// asked, lost it on the way (or lost its last output), and sends it again.
+type RequestList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rank          uint32                 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	EngineEpoch   uint64                 `protobuf:"varint,2,opt,name=engine_epoch,json=engineEpoch,proto3" json:"engine_epoch,omitempty"`
+	RequestIds    []string               `protobuf:"bytes,3,rep,name=request_ids,json=requestIds,proto3" json:"request_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RequestList) Reset() {
+	*x = RequestList{}
+	mi := &file_dpnode_v1_engine_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RequestList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RequestList) ProtoMessage() {}
+
+func (x *RequestList) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_engine_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RequestList.ProtoReflect.Descriptor instead.
+func (*RequestList) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RequestList) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *RequestList) GetEngineEpoch() uint64 {
+	if x != nil {
+		return x.EngineEpoch
+	}
+	return 0
+}
+
+func (x *RequestList) GetRequestIds() []string {
+	if x != nil {
+		return x.RequestIds
+	}
+	return nil
+}
+
 // EngineReady tells an engine's supervisor that the engine (re)started and
 // takes requests.
 type EngineReady struct {
@@ -636,7 +736,7 @@ type EngineReady struct {
 
 func (x *EngineReady) Reset() {
 	*x = EngineReady{}
-	mi := &file_dpnode_v1_engine_proto_msgTypes[6]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +748,7 @@ func (x *EngineReady) String() string {
 func (*EngineReady) ProtoMessage() {}
 
 func (x *EngineReady) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_engine_proto_msgTypes[6]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +761,7 @@ func (x *EngineReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineReady.ProtoReflect.Descriptor instead.
 func (*EngineReady) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{6}
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EngineReady) GetRank() uint32 {
@@ -735,7 +835,13 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\x04step\x18\t \x01(\x04R\x04step\x12\x12\n" +
 	"\x04wave\x18\n" +
 	" \x01(\x04R\x04wave\x12!\n" +
-	"\fwave_running\x18\v \x01(\bR\vwaveRunning\"D\n" +
+	"\fwave_running\x18\v \x01(\bR\vwaveRunning\"\x0e\n" +
+	"\fListRequests\"e\n" +
+	"\vRequestList\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\rR\x04rank\x12!\n" +
+	"\fengine_epoch\x18\x02 \x01(\x04R\vengineEpoch\x12\x1f\n" +
+	"\vrequest_ids\x18\x03 \x03(\tR\n" +
+	"requestIds\"D\n" +
 	"\vEngineReady\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12!\n" +
 	"\fengine_epoch\x18\x02 \x01(\x04R\vengineEpoch*\x91\x01\n" +
@@ -759,7 +865,7 @@ func file_dpnode_v1_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_dpnode_v1_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_dpnode_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_dpnode_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_dpnode_v1_engine_proto_goTypes = []any{
 	(FinishReason)(0),      // 0: dpnode.v1.FinishReason
 	(*SamplingParams)(nil), // 1: dpnode.v1.SamplingParams
@@ -768,7 +874,9 @@ var file_dpnode_v1_engine_proto_goTypes = []any{
 	(*RequestOutput)(nil),  // 4: dpnode.v1.RequestOutput
 	(*StepOutputs)(nil),    // 5: dpnode.v1.StepOutputs
 	(*EngineStats)(nil),    // 6: dpnode.v1.EngineStats
-	(*EngineReady)(nil),    // 7: dpnode.v1.EngineReady
+	(*ListRequests)(nil),   // 7: dpnode.v1.ListRequests
+	(*RequestList)(nil),    // 8: dpnode.v1.RequestList
+	(*EngineReady)(nil),    // 9: dpnode.v1.EngineReady
 }
 var file_dpnode_v1_engine_proto_depIdxs = []int32{
 	1, // 0: dpnode.v1.AddRequest.sampling:type_name -> dpnode.v1.SamplingParams
@@ -794,7 +902,7 @@ func file_dpnode_v1_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpnode_v1_engine_proto_rawDesc), len(file_dpnode_v1_engine_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -22,8 +22,12 @@ import (
 	"go.uber.org/goleak"
 )
 
-// dpnodeBin is the dpnode binary the multi-node tests run, built once.
-var dpnodeBin string
+// dpnodeBin is the dpnode binary the multi-node tests run, built once,
+// with dpnodeBuildTags (the chaos suite sets its tag).
+var (
+	dpnodeBin       string
+	dpnodeBuildTags []string
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "dpnode-bin")
@@ -31,7 +35,8 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	dpnodeBin = filepath.Join(dir, "dpnode")
-	if out, err := exec.Command("go", "build", "-o", dpnodeBin, "../cmd/dpnode").CombinedOutput(); err != nil {
+	build := append(append([]string{"build"}, dpnodeBuildTags...), "-o", dpnodeBin, "../cmd/dpnode")
+	if out, err := exec.Command("go", build...).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building dpnode: %v\n%s", err, out)
 		os.Exit(1)
 	}
@@ -207,9 +212,13 @@ type clusterView struct {
 		Node        string `json:"node"`
 		Ready       bool   `json:"ready"`
 		Balanced    bool   `json:"balanced"`
+		Local       bool   `json:"local"`
 		WaveRunning bool   `json:"wave_running"`
 		InFlight    int    `json:"in_flight"`
+		Running     int    `json:"running"`
+		Waiting     int    `json:"waiting"`
 	} `json:"ranks"`
+	InFlight    int `json:"in_flight_requests"`
 	Coordinator struct {
 		Node          string `json:"node"`
 		Epoch         uint64 `json:"epoch"`

@@ -403,6 +403,19 @@ func (r *chaosRun) report(baseline map[string]float64, movedBefore [2]float64) {
 	for _, k := range kinds {
 		fmt.Fprintf(&b, "| %-34s | %8d |\n", "  "+k, byKind[k])
 	}
+	errs := map[string]int{}
+	for _, rec := range r.records {
+		if rec.outcome == clearError {
+			errs[rec.detail]++
+		}
+	}
+	msgs := slices.SortedFunc(maps.Keys(errs), func(x, y string) int { return errs[y] - errs[x] })
+	if len(msgs) > 0 {
+		fmt.Fprintf(&b, "\nclear errors, most frequent first:\n")
+	}
+	for _, m := range msgs[:min(len(msgs), 8)] {
+		fmt.Fprintf(&b, "%6d  %s\n", errs[m], m)
+	}
 	t.Log(b.String())
 
 	for _, rec := range r.records {

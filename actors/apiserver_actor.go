@@ -73,6 +73,8 @@ type APIServerConfig struct {
 	// when the engines are idle.
 	ExpertParallel bool
 	Policy         dp.Policy
+	// BlockSize is the engines' KV block size, for prefix affinity.
+	BlockSize int
 	// MaxNumSeqs is each engine's --max-num-seqs, for the balancer.
 	MaxNumSeqs int
 	Restart    RestartPolicy
@@ -152,6 +154,8 @@ type call struct {
 	lastAt       time.Time
 	parkedAt     time.Time
 	moves        int
+	// placing describes the request to the policy; made at its first pick.
+	placing *dp.Request
 }
 
 // NewAPIServerProducer returns the producer of an APIServerActor.
@@ -203,6 +207,11 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		if a.coordinator != nil && msg.CoordinatorEpoch == a.coordEpoch {
 			a.snapshot = msg
 			a.waves.Observe(msg.CurrentWave, msg.EnginesRunning)
+			for _, l := range msg.Ranks {
+				if r := a.byRank[int(l.Rank)]; r != nil {
+					r.snap, r.snapSeq = l, msg.Seq
+				}
+			}
 		}
 	case *dpnodev1.SubscribeRanks:
 		a.subscribeRanks(ctx)
@@ -299,9 +308,15 @@ func (a *APIServerActor) pick(c *call) (*rankState, error) {
 		if r.stats != nil {
 			l.Waiting, l.Running, l.KVUsage = int(r.stats.NumWaiting), int(r.stats.NumRunning), float64(r.stats.KvCacheUsage)
 		}
+		if r.snap != nil {
+			l.SnapshotWaiting, l.SnapshotRunning, l.SnapshotSeq = int(r.snap.NumWaiting), int(r.snap.NumRunning), r.snapSeq
+		}
 		a.loads = append(a.loads, l)
 	}
-	if i := a.cfg.Policy.Pick(a.loads); i >= 0 {
+	if c.placing == nil {
+		c.placing = dp.NewRequest(c.sub.Prompt, max(a.cfg.BlockSize, 1))
+	}
+	if i := a.cfg.Policy.Pick(c.placing, a.loads); i >= 0 {
 		return a.ranks[i], nil
 	}
 	return nil, nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/dpnode/dpnode/dp"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
@@ -27,6 +28,9 @@ type rankState struct {
 	ready    bool
 	inflight int
 	stats    *dpnodev1.EngineStats
+	// snap is the rank's load in the coordinator's last snapshot.
+	snap    *dpnodev1.RankLoad
+	snapSeq uint64
 	// draining is true while the rank's node drains: no new requests.
 	draining bool
 	// listAsked is when the rank's engine was last asked which requests
@@ -123,6 +127,7 @@ func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 	r.epoch.Add(1)
 	r.ready = false
 	r.stats = nil
+	a.forgetRank(r.rank)
 	r.metrics.ready.Set(0)
 	r.metrics.restarts.Inc()
 	r.metrics.running.Set(0)
@@ -316,6 +321,7 @@ func (a *APIServerActor) remoteStatuses(ctx actor.Context, from *actor.PID, stat
 		r.epoch.Store(st.EngineEpoch)
 		if replaced {
 			r.stats = nil
+			a.forgetRank(rank)
 			if n := a.move(ctx, r); n > 0 {
 				a.cfg.Logger.Warn("a remote engine was replaced; moved its requests", "rank", rank, "node", node, "requests", n)
 			}
@@ -359,6 +365,14 @@ func (a *APIServerActor) retryHosts(ctx actor.Context) {
 		a.hosts[name] = pid
 		ctx.Watch(pid)
 		ctx.Request(pid, &dpnodev1.SubscribeRanks{})
+	}
+}
+
+// forgetRank tells the policy that the rank's engine is new: whatever it
+// remembers of the rank (cached prefixes) is gone.
+func (a *APIServerActor) forgetRank(rank int) {
+	if f, ok := a.cfg.Policy.(dp.Forgetter); ok {
+		f.Forget(rank)
 	}
 }
 

@@ -104,7 +104,7 @@ func (c *NodeConfig) validate() error {
 		return errors.New("actors: the node needs a metrics registry")
 	}
 	if c.Policy == nil {
-		c.Policy = &dp.LiveLoad{}
+		c.Policy = dp.NewLiveLoad(dp.DefaultAffinity)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -449,6 +449,7 @@ func (n *nodeActor) start(ctx actor.Context) {
 		ExpertParallel:   cfg.ExpertParallel,
 		MaxNumSeqs:       cfg.Scheduler.MaxNumSeqs,
 		Policy:           cfg.Policy,
+		BlockSize:        cfg.Scheduler.BlockSize,
 		Restart:          cfg.Restart,
 		ParkTimeout:      cfg.ParkTimeout,
 		Migration:        cfg.Migration,

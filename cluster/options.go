@@ -66,6 +66,10 @@ type Options struct {
 	// GPUs is the number of virtual GPUs when NVML is absent.
 	GPUs int
 
+	// BalancePolicy names the policy that picks a rank per request (see
+	// dp.PolicyNames).
+	BalancePolicy string
+
 	// Migration moves requests mid-stream off a lost engine; MaxMigrations
 	// bounds how often one request may move.
 	Migration     bool
@@ -113,6 +117,7 @@ func DefaultOptions() Options {
 		SimTimeScale:          1,
 		GPUs:                  2,
 		CollectiveTimeout:     5 * time.Second,
+		BalancePolicy:         dp.PolicyLive,
 		Migration:             true,
 		MaxMigrations:         3,
 		EngineMaxRestarts:     5,
@@ -190,6 +195,9 @@ func (o Options) check() (*plan, error) {
 		return nil, err
 	}
 	p := &plan{opts: o, flags: o.dpFlags()}
+	if _, err := dp.NewPolicy(o.BalancePolicy, 1, 0); err != nil {
+		return nil, flagError("--balance-policy: %v", err)
+	}
 	if o.GossipKey != "" {
 		key, err := base64.StdEncoding.DecodeString(o.GossipKey)
 		if err != nil || (len(key) != 16 && len(key) != 24 && len(key) != 32) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/dpnode/dpnode/actors"
+	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/sim"
 	"github.com/dpnode/dpnode/gpu"
@@ -119,6 +121,12 @@ func Start(o Options) (*Running, error) {
 	cfg.AwaitMembership = true
 	cfg.ExpertParallel = o.ExpertParallel
 	cfg.Migration, cfg.MaxMigrations = o.Migration, o.MaxMigrations
+	// Each API server counts its own picks: vLLM's policy bumps a rank by
+	// the number of API servers, which a node does not know in advance.
+	if cfg.Policy, err = dp.NewPolicy(o.BalancePolicy, 1, mrand.Uint64()); err != nil {
+		closeListener()
+		return nil, err
+	}
 	cfg.Restart.MaxRestarts, cfg.Restart.Window = o.EngineMaxRestarts, o.EngineRestartWindow
 	cfg.CollectiveTimeout = o.CollectiveTimeout
 	cfg.NewExecutor = func(int, gpu.Device) (engine.Executor, error) {
@@ -190,7 +198,7 @@ func Start(o Options) (*Running, error) {
 	}
 	o.Logger.Info("dpnode serving",
 		"url", url, "metrics_url", metricsURL, "node", cfg.Name, "mode", topo.Mode.String(), "model", p.served, "engine", o.Engine, "sim_profile", p.profile.Name,
-		"sim_time_scale", o.SimTimeScale, "ranks", rankRange(topo.StartRank, topo.LocalSize, topo.Size),
+		"sim_time_scale", o.SimTimeScale, "balance_policy", o.BalancePolicy, "ranks", rankRange(topo.StartRank, topo.LocalSize, topo.Size),
 		"gpus", inv.Source, "gossip", r.membership.Address(), "actors", r.node.Meta().ActorAddress,
 		"seeds", len(o.Seeds), "max_model_len", p.scheduler.MaxModelLen)
 	return r, nil

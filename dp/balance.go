@@ -1,5 +1,14 @@
 package dp
 
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+
+	"github.com/dpnode/dpnode/engine"
+)
+
 // RankLoad is a balancer's view of one rank.
 type RankLoad struct {
 	Rank int
@@ -16,6 +25,30 @@ type RankLoad struct {
 	// Capacity is the most requests the engine runs at once
 	// (--max-num-seqs); 0 when unknown.
 	Capacity int
+	// SnapshotWaiting and SnapshotRunning are the rank's counts in the
+	// coordinator's last load snapshot, numbered SnapshotSeq: what vLLM
+	// balances on.
+	SnapshotWaiting int
+	SnapshotRunning int
+	SnapshotSeq     uint64
+}
+
+// Request is what a policy knows of the request it places.
+type Request struct {
+	// PromptTokens is the prompt's length.
+	PromptTokens int
+	// Blocks are the hashes of the prompt's full KV-cache blocks, chained
+	// as an engine chains them (engine.HashBlock), so that equal leading
+	// hashes mean a shared prefix.
+	Blocks []engine.BlockHash
+	// BlockSize is the tokens in one block.
+	BlockSize int
+}
+
+// NewRequest describes prompt for a policy, with the hashes of its blocks
+// of blockSize tokens.
+func NewRequest(prompt []uint32, blockSize int) *Request {
+	return &Request{PromptTokens: len(prompt), Blocks: engine.PrefixHashes(prompt, blockSize), BlockSize: blockSize}
 }
 
 // Policy picks the rank for a request.
@@ -23,16 +56,50 @@ type RankLoad struct {
 // Concurrency: not safe for concurrent use; an API server actor owns one.
 type Policy interface {
 	// Pick returns the index in ranks of the chosen rank, or -1 when none
-	// is available.
-	Pick(ranks []RankLoad) int
+	// is available. The rank is then assumed to serve req.
+	Pick(req *Request, ranks []RankLoad) int
 }
 
-var _ Policy = (*LiveLoad)(nil)
+// The policy names of --balance-policy.
+const (
+	PolicyLive       = "live"
+	PolicyVLLM       = "vllm"
+	PolicyRoundRobin = "round-robin"
+	PolicyPowerOfTwo = "p2c"
+)
 
-// LiveLoad scores ranks on the API server's exact in-flight counts, with
-// the requests a saturated engine reports queued weighing four times:
-// score = in-flight + 3·queued. This is vLLM's 4·waiting + running without
-// its 100 ms staleness: a request sent a microsecond ago counts at once.
+// PolicyNames lists the policies, the default first.
+var PolicyNames = []string{PolicyLive, PolicyVLLM, PolicyRoundRobin, PolicyPowerOfTwo}
+
+// NewPolicy returns the named policy. apiServers is how many API servers
+// balance over the same ranks (vLLM's score counts a pick that many
+// times); seed seeds the random choices of p2c.
+func NewPolicy(name string, apiServers int, seed uint64) (Policy, error) {
+	switch name {
+	case PolicyLive:
+		return NewLiveLoad(DefaultAffinity), nil
+	case PolicyVLLM:
+		return &SnapshotScore{ClientCount: max(apiServers, 1)}, nil
+	case PolicyRoundRobin:
+		return &RoundRobin{}, nil
+	case PolicyPowerOfTwo:
+		return NewPowerOfTwo(seed), nil
+	}
+	return nil, fmt.Errorf("unknown balance policy %q (want %s)", name, strings.Join(PolicyNames, ", "))
+}
+
+var (
+	_ Policy = (*LiveLoad)(nil)
+	_ Policy = (*SnapshotScore)(nil)
+	_ Policy = (*RoundRobin)(nil)
+	_ Policy = (*PowerOfTwo)(nil)
+)
+
+// LiveLoad, dpnode's policy, scores ranks on the API server's exact
+// in-flight counts, with the requests a saturated engine reports queued
+// weighing four times: load = in-flight + 3·queued. This is vLLM's
+// 4·waiting + running without its 100 ms staleness: a request sent a
+// microsecond ago counts at once.
 //
 // Queue counts only where it means waiting for capacity: the engine runs
 // as many requests as it may, or its KV cache is nearly full. Elsewhere an
@@ -40,14 +107,36 @@ var _ Policy = (*LiveLoad)(nil)
 // step, which it admits at the next; weighing those herds a burst away
 // from whichever rank reported last. Nor does a request the engine has not
 // reported on count as queue: reports from a remote rank come later than
-// from a local one, and counting the gap would starve remote ranks. Ties
-// rotate, so equal ranks share a burst evenly.
+// from a local one, and counting the gap would starve remote ranks.
+//
+// Prefix affinity: the policy remembers which prompt blocks it sent to
+// which rank, and takes off a rank's load Affinity times the share of the
+// request's prompt the rank likely holds in its prefix cache. A request
+// whose prefix a rank holds goes there unless that rank has more than
+// Affinity requests more than the least loaded: the imbalance affinity may
+// cause is bounded. Ties go to the longer cached prefix, then rotate, so
+// equal ranks share a burst evenly.
 type LiveLoad struct {
-	next int
+	// Affinity is how many requests of load a full prefix hit is worth; 0
+	// turns affinity off.
+	Affinity float64
+	next     int
+	prefix   PrefixIndex
+	matched  []int
 }
 
+// DefaultAffinity is LiveLoad's weight of a full prefix hit, in requests.
+const DefaultAffinity = 2
+
+// NewLiveLoad returns dpnode's policy with the given affinity weight.
+func NewLiveLoad(affinity float64) *LiveLoad { return &LiveLoad{Affinity: affinity} }
+
 // Pick implements Policy.
-func (p *LiveLoad) Pick(ranks []RankLoad) int {
+func (p *LiveLoad) Pick(req *Request, ranks []RankLoad) int {
+	useAffinity := p.Affinity > 0 && req != nil && len(req.Blocks) > 0 && req.BlockSize > 0 && req.PromptTokens > 0
+	if useAffinity {
+		p.matched = p.prefix.Match(req.Blocks, ranks, p.matched[:0])
+	}
 	best, bestScore := -1, 0.0
 	n := len(ranks)
 	for k := range n {
@@ -56,12 +145,22 @@ func (p *LiveLoad) Pick(ranks []RankLoad) int {
 		if !r.Available {
 			continue
 		}
-		if s := liveScore(r); best < 0 || s < bestScore {
+		s := liveScore(r)
+		if useAffinity && p.matched[i] > 0 {
+			// The share of the prompt's prefill the rank would skip.
+			hit := min(1, float64(p.matched[i]*req.BlockSize)/float64(req.PromptTokens))
+			s -= p.Affinity * hit
+		}
+		// At equal load the longer cached prefix wins.
+		if best < 0 || s < bestScore || (s == bestScore && useAffinity && p.matched[i] > p.matched[best]) {
 			best, bestScore = i, s
 		}
 	}
 	if n > 0 {
 		p.next = (p.next + 1) % n
+	}
+	if useAffinity && best >= 0 {
+		p.prefix.Record(ranks[best].Rank, req.Blocks)
 	}
 	return best
 }
@@ -76,3 +175,187 @@ func liveScore(r *RankLoad) float64 {
 	}
 	return float64(r.InFlight + 3*queued)
 }
+
+// SnapshotScore is vLLM's policy (DPLBAsyncMPClient): the least
+// 4·waiting + running, on the counts of the coordinator's last snapshot
+// (published at most every 100 ms), with each pick adding ClientCount to
+// the chosen rank's waiting until the next snapshot. Ties rotate.
+type SnapshotScore struct {
+	// ClientCount is the number of API servers balancing over the ranks.
+	ClientCount int
+	seq         uint64
+	bumps       []int
+	next        int
+}
+
+// Pick implements Policy.
+func (p *SnapshotScore) Pick(_ *Request, ranks []RankLoad) int {
+	if len(p.bumps) != len(ranks) {
+		p.bumps = make([]int, len(ranks))
+	}
+	for i := range ranks {
+		if ranks[i].SnapshotSeq != p.seq {
+			p.seq = ranks[i].SnapshotSeq
+			clear(p.bumps)
+			break
+		}
+	}
+	best, bestScore := -1, 0
+	n := len(ranks)
+	for k := range n {
+		i := (p.next + k) % n
+		r := &ranks[i]
+		if !r.Available {
+			continue
+		}
+		if s := 4*(r.SnapshotWaiting+p.bumps[i]) + r.SnapshotRunning; best < 0 || s < bestScore {
+			best, bestScore = i, s
+		}
+	}
+	if n > 0 {
+		p.next = (p.next + 1) % n
+	}
+	if best >= 0 {
+		p.bumps[best] += max(p.ClientCount, 1)
+	}
+	return best
+}
+
+// RoundRobin sends each request to the next available rank in turn.
+type RoundRobin struct{ next int }
+
+// Pick implements Policy.
+func (p *RoundRobin) Pick(_ *Request, ranks []RankLoad) int {
+	n := len(ranks)
+	for k := range n {
+		i := (p.next + k) % n
+		if ranks[i].Available {
+			p.next = (i + 1) % n
+			return i
+		}
+	}
+	return -1
+}
+
+// PowerOfTwo samples two available ranks at random and sends the request
+// to the one with fewer requests in flight.
+type PowerOfTwo struct {
+	rng       *rand.Rand
+	available []int
+}
+
+// NewPowerOfTwo returns a power-of-two-choices policy seeded with seed.
+func NewPowerOfTwo(seed uint64) *PowerOfTwo {
+	return &PowerOfTwo{rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
+
+// Pick implements Policy.
+func (p *PowerOfTwo) Pick(_ *Request, ranks []RankLoad) int {
+	p.available = p.available[:0]
+	for i := range ranks {
+		if ranks[i].Available {
+			p.available = append(p.available, i)
+		}
+	}
+	switch len(p.available) {
+	case 0:
+		return -1
+	case 1:
+		return p.available[0]
+	}
+	a := p.rng.IntN(len(p.available))
+	b := p.rng.IntN(len(p.available) - 1)
+	if b >= a {
+		b++
+	}
+	i, j := p.available[a], p.available[b]
+	if ranks[j].InFlight < ranks[i].InFlight {
+		return j
+	}
+	return i
+}
+
+// PrefixIndex remembers, per rank, the prompt blocks last sent there,
+// up to Capacity blocks per rank (least recently sent go first): an
+// estimate of what each rank's prefix cache holds.
+type PrefixIndex struct {
+	// Capacity is the most blocks remembered per rank; 0 means
+	// DefaultPrefixCapacity.
+	Capacity int
+	ranks    map[int]*rankBlocks
+}
+
+// DefaultPrefixCapacity is about what one H100's KV cache holds of an 8B
+// model, in blocks of 16 tokens.
+const DefaultPrefixCapacity = 1 << 15
+
+type rankBlocks struct {
+	used map[engine.BlockHash]uint64
+	tick uint64
+}
+
+// Match fills matched[i] with how many leading blocks of blocks ranks[i]
+// likely holds, and returns it.
+func (x *PrefixIndex) Match(blocks []engine.BlockHash, ranks []RankLoad, matched []int) []int {
+	for _, r := range ranks {
+		n := 0
+		if rb := x.ranks[r.Rank]; rb != nil {
+			for _, h := range blocks {
+				if _, ok := rb.used[h]; !ok {
+					break
+				}
+				n++
+			}
+		}
+		matched = append(matched, n)
+	}
+	return matched
+}
+
+// Record notes that rank was sent blocks.
+func (x *PrefixIndex) Record(rank int, blocks []engine.BlockHash) {
+	if x.ranks == nil {
+		x.ranks = map[int]*rankBlocks{}
+	}
+	rb := x.ranks[rank]
+	if rb == nil {
+		rb = &rankBlocks{used: map[engine.BlockHash]uint64{}}
+		x.ranks[rank] = rb
+	}
+	rb.tick++
+	for _, h := range blocks {
+		rb.used[h] = rb.tick
+	}
+	capacity := x.Capacity
+	if capacity <= 0 {
+		capacity = DefaultPrefixCapacity
+	}
+	if len(rb.used) > 2*capacity {
+		// Keep the capacity most recently sent: amortised over the
+		// capacity records that filled the map since the last trim.
+		ticks := make([]uint64, 0, len(rb.used))
+		for _, t := range rb.used {
+			ticks = append(ticks, t)
+		}
+		slices.Sort(ticks)
+		cut := ticks[len(ticks)-capacity]
+		for h, t := range rb.used {
+			if t < cut {
+				delete(rb.used, h)
+			}
+		}
+	}
+}
+
+// Forget drops what is remembered of rank (its engine restarted with an
+// empty cache).
+func (x *PrefixIndex) Forget(rank int) { delete(x.ranks, rank) }
+
+// Forgetter is a policy that remembers something of each rank; Forget is
+// called when a rank's engine restarts.
+type Forgetter interface {
+	Forget(rank int)
+}
+
+// Forget implements Forgetter.
+func (p *LiveLoad) Forget(rank int) { p.prefix.Forget(rank) }

@@ -1,6 +1,7 @@
 package dp
 
 import (
+	"slices"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -25,7 +26,7 @@ func TestLiveLoadPrefersTheLeastLoaded(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var p LiveLoad
-			if got := p.Pick(tc.ranks); got != tc.want {
+			if got := p.Pick(nil, tc.ranks); got != tc.want {
 				t.Fatalf("Pick = %d, want %d", got, tc.want)
 			}
 		})
@@ -40,7 +41,7 @@ func TestLiveLoadTiesRotate(t *testing.T) {
 		ranks[i].Available = true
 	}
 	for range 30 {
-		counts[p.Pick(ranks)]++
+		counts[p.Pick(nil, ranks)]++
 	}
 	for i, c := range counts {
 		if c != 10 {
@@ -62,7 +63,7 @@ func TestLiveLoadBurstStaysBalanced(t *testing.T) {
 		}
 		var p LiveLoad
 		for range burst {
-			i := p.Pick(ranks)
+			i := p.Pick(nil, ranks)
 			ranks[i].InFlight++
 		}
 		lo, hi := burst, 0
@@ -73,4 +74,159 @@ func TestLiveLoadBurstStaysBalanced(t *testing.T) {
 			t.Fatalf("in-flight spread %d..%d after a burst of %d over %d ranks", lo, hi, burst, n)
 		}
 	})
+}
+
+func prompt(prefix, n int) []uint32 {
+	p := make([]uint32, n)
+	for i := range p {
+		p[i] = uint32(prefix*100000 + i)
+	}
+	return p
+}
+
+func available(n int) []RankLoad {
+	ranks := make([]RankLoad, n)
+	for i := range ranks {
+		ranks[i] = RankLoad{Rank: i, Available: true}
+	}
+	return ranks
+}
+
+func TestLiveLoadFollowsACachedPrefix(t *testing.T) {
+	p := NewLiveLoad(2)
+	ranks := available(4)
+	shared := NewRequest(prompt(7, 160), 16)
+	first := p.Pick(shared, ranks)
+	ranks[first].InFlight++
+	// Up to two requests more here than elsewhere: the prefix wins.
+	for range 2 {
+		if got := p.Pick(shared, ranks); got != first {
+			t.Fatalf("a request with the prefix sent to rank %d went to %d (loads %+v)", first, got, ranks)
+		}
+		ranks[first].InFlight++
+	}
+	// Three more than the least loaded, and the prefix is worth two: the
+	// imbalance affinity may cause is bounded.
+	if got := p.Pick(shared, ranks); got == first {
+		t.Fatalf("rank %d holds 3 requests against 0 elsewhere and still got the prefix's request", first)
+	}
+	// Another prefix is not drawn to that rank.
+	other := NewRequest(prompt(8, 160), 16)
+	if got := p.Pick(other, ranks); got == first {
+		t.Fatalf("an unrelated prompt went to the loaded rank %d", first)
+	}
+}
+
+func TestLiveLoadForgetsARestartedRank(t *testing.T) {
+	p := NewLiveLoad(2)
+	ranks := available(2)
+	shared := NewRequest(prompt(1, 64), 16)
+	first := p.Pick(shared, ranks)
+	ranks[first].InFlight = 1
+	p.Forget(ranks[first].Rank)
+	if got := p.Pick(shared, ranks); got == first {
+		t.Fatalf("the prefix still drew the request to rank %d after its engine restarted", first)
+	}
+}
+
+// TestAffinityBoundsImbalance: however the prompts share prefixes, no rank
+// gets more than Affinity+1 requests beyond the least loaded one.
+func TestAffinityBoundsImbalance(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(2, 8).Draw(t, "ranks")
+		p := NewLiveLoad(rapid.Float64Range(0, 4).Draw(t, "affinity"))
+		ranks := available(n)
+		for range rapid.IntRange(1, 200).Draw(t, "burst") {
+			req := NewRequest(prompt(rapid.IntRange(0, 3).Draw(t, "prefix"), rapid.IntRange(1, 100).Draw(t, "len")), 16)
+			ranks[p.Pick(req, ranks)].InFlight++
+			lo, hi := ranks[0].InFlight, ranks[0].InFlight
+			for _, r := range ranks {
+				lo, hi = min(lo, r.InFlight), max(hi, r.InFlight)
+			}
+			if float64(hi-lo) > p.Affinity+1 {
+				t.Fatalf("in-flight spread %d..%d with affinity %v", lo, hi, p.Affinity)
+			}
+		}
+	})
+}
+
+func TestSnapshotScoreIsVLLMs(t *testing.T) {
+	p := &SnapshotScore{ClientCount: 1}
+	ranks := available(3)
+	// The snapshot: rank 0 has 2 waiting (score 8), rank 1 runs 5 (5),
+	// rank 2 runs 6 (6).
+	ranks[0].SnapshotWaiting = 2
+	ranks[1].SnapshotRunning = 5
+	ranks[2].SnapshotRunning = 6
+	for i := range ranks {
+		ranks[i].SnapshotSeq = 1
+		// Live state the policy must not see.
+		ranks[i].InFlight = 100 * (3 - i)
+	}
+	var got []int
+	for range 4 {
+		got = append(got, p.Pick(nil, ranks))
+	}
+	// 1 (5→9), 2 (6→10), 0 (8→12), 1 (9→13).
+	if want := []int{1, 2, 0, 1}; !slices.Equal(got, want) {
+		t.Fatalf("picks %v, want %v", got, want)
+	}
+	// A new snapshot replaces the local bumps.
+	for i := range ranks {
+		ranks[i].SnapshotSeq = 2
+	}
+	if got := p.Pick(nil, ranks); got != 1 {
+		t.Fatalf("after a new snapshot picked %d, want 1", got)
+	}
+}
+
+func TestRoundRobinSkipsUnavailable(t *testing.T) {
+	var p RoundRobin
+	ranks := available(4)
+	ranks[2].Available = false
+	var got []int
+	for range 6 {
+		got = append(got, p.Pick(nil, ranks))
+	}
+	if want := []int{0, 1, 3, 0, 1, 3}; !slices.Equal(got, want) {
+		t.Fatalf("picks %v, want %v", got, want)
+	}
+	if got := p.Pick(nil, make([]RankLoad, 3)); got != -1 {
+		t.Fatalf("no rank available, picked %d", got)
+	}
+}
+
+func TestPowerOfTwoTakesTheLesserOfTwo(t *testing.T) {
+	p := NewPowerOfTwo(1)
+	ranks := available(2)
+	ranks[0].InFlight = 5
+	for range 20 {
+		if got := p.Pick(nil, ranks); got != 1 {
+			t.Fatalf("of two ranks, picked the busier %d", got)
+		}
+	}
+	// The busiest of many is never picked: it loses every pair.
+	ranks = available(5)
+	for i := range ranks {
+		ranks[i].InFlight = i
+	}
+	ranks[1].Available = false
+	counts := make([]int, 5)
+	for range 1000 {
+		counts[p.Pick(nil, ranks)]++
+	}
+	if counts[4] != 0 || counts[1] != 0 || counts[0] == 0 {
+		t.Fatalf("picks per rank %v", counts)
+	}
+}
+
+func TestNewPolicyNames(t *testing.T) {
+	for _, name := range PolicyNames {
+		if _, err := NewPolicy(name, 1, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := NewPolicy("least-conn", 1, 1); err == nil {
+		t.Fatal("an unknown policy was accepted")
+	}
 }

@@ -24,6 +24,18 @@ func HashBlock(parent BlockHash, tokens []uint32) BlockHash {
 	return BlockHash(h.Sum64())
 }
 
+// PrefixHashes returns the chained hashes of the full blocks of tokens,
+// as an engine names them in its prefix cache.
+func PrefixHashes(tokens []uint32, blockSize int) []BlockHash {
+	hs := make([]BlockHash, 0, len(tokens)/blockSize)
+	var h BlockHash
+	for i := 0; i+blockSize <= len(tokens); i += blockSize {
+		h = HashBlock(h, tokens[i:i+blockSize])
+		hs = append(hs, h)
+	}
+	return hs
+}
+
 const noBlock = -1
 
 type kvBlock struct {

@@ -462,3 +462,17 @@ func TestSchedulerProperties(t *testing.T) {
 		}
 	})
 }
+
+// TestPrefixHashesAreTheCachesNames checks that a balancer computing
+// PrefixHashes from a prompt names blocks as the engine's cache does.
+func TestPrefixHashesAreTheCachesNames(t *testing.T) {
+	prompt := make([]uint32, 16*5+7)
+	for i := range prompt {
+		prompt[i] = uint32(i*7919) % 1000
+	}
+	r := &Request{prompt: prompt}
+	r.extendHashes(16, 5)
+	if got := PrefixHashes(prompt, 16); !slices.Equal(got, r.blockHashes) {
+		t.Fatalf("PrefixHashes = %v, the engine's = %v", got, r.blockHashes)
+	}
+}

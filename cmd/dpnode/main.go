@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/cluster"
+	"github.com/dpnode/dpnode/dp"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -98,6 +100,7 @@ calibrated simulated executor.`,
 	f.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length, prompt plus output (default: the profile's)")
 	f.BoolVar(&o.NoPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off")
 	f.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "on SIGTERM, how long to let requests in flight finish")
+	f.StringVar(&o.BalancePolicy, "balance-policy", o.BalancePolicy, "how a rank is picked per request: "+strings.Join(dp.PolicyNames, ", ")+" (live: exact in-flight load with prefix-cache affinity; vllm: 4*waiting+running on 100 ms snapshots)")
 	f.BoolVar(&o.Migration, "request-migration", o.Migration, "move a request mid-stream off a lost engine, to continue token-exactly on another rank")
 	f.IntVar(&o.MaxMigrations, "max-migrations", o.MaxMigrations, "how many lost engines one request may ride through")
 	f.IntVar(&o.EngineMaxRestarts, "engine-max-restarts", o.EngineMaxRestarts, "crashes within --engine-restart-window after which a rank is stopped and marked failed (0: never)")

@@ -37,6 +37,7 @@ func TestContradictoryFlagsFailBeforeAnythingStarts(t *testing.T) {
 		{"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "3"},
 		{"--engine", "nope"},
 		{"--max-num-seqs", "300", "--max-num-batched-tokens", "200"},
+		{"--balance-policy", "least-conn"},
 	}
 	for _, args := range cases {
 		cmd := exec.Command(bin, append([]string{"join", "--host", "127.0.0.1", "--port", "0", "--bind", "127.0.0.1:0", "--data-parallel-rpc-port", "0"}, args...)...)

@@ -156,6 +156,10 @@ type call struct {
 	moves        int
 	// placing describes the request to the policy; made at its first pick.
 	placing *dp.Request
+	// cached is what the last pick expected the rank to hold of the
+	// prompt; prefill is the tokens the rank has to prefill for the call,
+	// counted in its pendingPrefill until the first output.
+	cached, prefill int
 }
 
 // NewAPIServerProducer returns the producer of an APIServerActor.
@@ -267,7 +271,7 @@ func (a *APIServerActor) stop() {
 		if r.local {
 			r.metrics.ready.Set(0)
 		}
-		r.inflight = 0
+		r.inflight, r.pendingPrefill = 0, 0
 		r.metrics.inflight.Set(0)
 	}
 	if a.parkTimer != nil {
@@ -291,6 +295,7 @@ func (a *APIServerActor) stop() {
 func (a *APIServerActor) pick(c *call) (*rankState, error) {
 	if rank := c.sub.Rank; rank != AnyRank {
 		r := a.byRank[rank]
+		c.cached = 0
 		switch {
 		case r != nil && r.failed:
 			return nil, fmt.Errorf("%w: rank %d", ErrRankFailed, rank)
@@ -311,12 +316,14 @@ func (a *APIServerActor) pick(c *call) (*rankState, error) {
 		if r.snap != nil {
 			l.SnapshotWaiting, l.SnapshotRunning, l.SnapshotSeq = int(r.snap.NumWaiting), int(r.snap.NumRunning), r.snapSeq
 		}
+		l.PendingPrefill = r.pendingPrefill
 		a.loads = append(a.loads, l)
 	}
 	if c.placing == nil {
 		c.placing = dp.NewRequest(c.sub.Prompt, max(a.cfg.BlockSize, 1))
 	}
 	if i := a.cfg.Policy.Pick(c.placing, a.loads); i >= 0 {
+		c.cached = c.placing.Cached
 		return a.ranks[i], nil
 	}
 	return nil, nil
@@ -336,6 +343,8 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 	a.armReconcile()
 	r.inflight++
 	r.metrics.inflight.Set(float64(r.inflight))
+	c.prefill = max(len(c.sub.Prompt)+len(c.output)-c.cached, 0)
+	r.pendingPrefill += c.prefill
 	add := &dpnodev1.AddRequest{
 		RequestId:       c.sub.ID,
 		PromptTokenIds:  c.sub.Prompt,
@@ -422,7 +431,8 @@ func (a *APIServerActor) release(c *call) {
 	if r := c.rank; r != nil {
 		r.inflight--
 		r.metrics.inflight.Set(float64(r.inflight))
-		c.rank = nil
+		r.pendingPrefill -= c.prefill
+		c.rank, c.prefill = nil, 0
 	}
 }
 
@@ -449,6 +459,9 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			continue
 		}
 		if n := len(o.NewTokenIds); n > 0 {
+			// The engine has prefilled the call.
+			r.pendingPrefill -= c.prefill
+			c.prefill = 0
 			if c.firstAt.IsZero() {
 				c.firstAt = now
 				r.metrics.ttft.Observe(now.Sub(c.sub.Arrival).Seconds())

@@ -27,7 +27,10 @@ type rankState struct {
 	epoch    *atomic.Uint64
 	ready    bool
 	inflight int
-	stats    *dpnodev1.EngineStats
+	// pendingPrefill is the prompt tokens the rank has yet to prefill for
+	// this API server's calls (dp.RankLoad.PendingPrefill).
+	pendingPrefill int
+	stats          *dpnodev1.EngineStats
 	// snap is the rank's load in the coordinator's last snapshot.
 	snap    *dpnodev1.RankLoad
 	snapSeq uint64

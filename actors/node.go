@@ -104,7 +104,7 @@ func (c *NodeConfig) validate() error {
 		return errors.New("actors: the node needs a metrics registry")
 	}
 	if c.Policy == nil {
-		c.Policy = dp.NewLiveLoad(dp.DefaultAffinity)
+		c.Policy = dp.NewLiveLoad(c.Scheduler.MaxNumBatchedTokens)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

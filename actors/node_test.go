@@ -185,6 +185,22 @@ func TestBurstIsBalancedAndExact(t *testing.T) {
 			t.Errorf("rank %d served %d of %d requests; vLLM's balance check wants more than %d", rank, served[rank], n, n/3)
 		}
 	}
+	tn.assertSettled(t)
+}
+
+// assertSettled checks that, with every stream ended, the API server
+// counts nothing in flight and no prefill pending on any rank.
+func (tn *testNode) assertSettled(t *testing.T) {
+	t.Helper()
+	v, err := tn.View(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range v.Ranks {
+		if r.InFlight != 0 || r.PendingPrefill != 0 {
+			t.Fatalf("rank %d still counts %d in flight and %d prefill tokens pending", r.Rank, r.InFlight, r.PendingPrefill)
+		}
+	}
 }
 
 // metricSum adds up the series of a metric with engine label rank.
@@ -239,4 +255,5 @@ func TestEngineCrashMovesRequestsTokenExactly(t *testing.T) {
 			t.Fatal(r.err)
 		}
 	}
+	tn.assertSettled(t)
 }

@@ -22,14 +22,17 @@ type RankView struct {
 	// Epoch numbers the rank's engine incarnation.
 	Epoch uint64 `json:"engine_epoch"`
 	// Failed: the rank's engine crashed too often and was stopped.
-	Failed   bool    `json:"failed"`
-	InFlight int     `json:"in_flight"`
-	Waiting  int     `json:"waiting"`
-	Running  int     `json:"running"`
-	KVUsage  float64 `json:"kv_cache_usage"`
-	Restarts int     `json:"restarts_last_window"`
-	Steps    uint64  `json:"steps"`
-	Device   string  `json:"device,omitempty"`
+	Failed   bool `json:"failed"`
+	InFlight int  `json:"in_flight"`
+	// PendingPrefill is the prompt tokens the rank has yet to prefill
+	// for the requests this node sent it.
+	PendingPrefill int     `json:"pending_prefill_tokens"`
+	Waiting        int     `json:"waiting"`
+	Running        int     `json:"running"`
+	KVUsage        float64 `json:"kv_cache_usage"`
+	Restarts       int     `json:"restarts_last_window"`
+	Steps          uint64  `json:"steps"`
+	Device         string  `json:"device,omitempty"`
 	// The engine's wave, with expert parallelism.
 	Wave        uint64 `json:"wave"`
 	WaveRunning bool   `json:"wave_running"`
@@ -94,7 +97,7 @@ func (a *APIServerActor) view() *apiServerView {
 	v := &apiServerView{parked: len(a.parked), inFlight: len(a.calls), snapshot: a.snapshot}
 	for _, r := range a.ranks {
 		rv := RankView{Rank: r.rank, Node: r.node, Local: r.local, Balanced: r.local || a.cfg.BalanceRemote,
-			Ready: r.ready, Epoch: r.epoch.Load(), Failed: r.failed, InFlight: r.inflight, Device: r.cfg.Device}
+			Ready: r.ready, Epoch: r.epoch.Load(), Failed: r.failed, InFlight: r.inflight, PendingPrefill: r.pendingPrefill, Device: r.cfg.Device}
 		for _, t := range r.crashes {
 			if now.Sub(t) <= a.cfg.Restart.Window {
 				rv.Restarts++

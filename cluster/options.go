@@ -195,7 +195,7 @@ func (o Options) check() (*plan, error) {
 		return nil, err
 	}
 	p := &plan{opts: o, flags: o.dpFlags()}
-	if _, err := dp.NewPolicy(o.BalancePolicy, 1, 0); err != nil {
+	if _, err := dp.NewPolicy(o.BalancePolicy, dp.PolicyConfig{}); err != nil {
 		return nil, flagError("--balance-policy: %v", err)
 	}
 	if o.GossipKey != "" {
@@ -232,15 +232,11 @@ func (o Options) check() (*plan, error) {
 	if p.served == "" {
 		p.served = profile.Model
 	}
-	p.scheduler = engine.SchedulerConfig{
-		MaxNumSeqs:          orDefault(o.MaxNumSeqs, profile.MaxNumSeqs),
-		MaxNumBatchedTokens: orDefault(o.MaxNumBatchedTokens, profile.MaxNumBatchedTokens),
-		BlockSize:           profile.BlockSize,
-		NumBlocks:           profile.KVCacheBlocks,
-		MaxModelLen:         orDefault(o.MaxModelLen, profile.MaxModelLen),
-		EnablePrefixCaching: !o.NoPrefixCaching,
-		EOSTokenID:          sim.EOSToken,
-	}
+	p.scheduler = profile.SchedulerConfig()
+	p.scheduler.MaxNumSeqs = orDefault(o.MaxNumSeqs, profile.MaxNumSeqs)
+	p.scheduler.MaxNumBatchedTokens = orDefault(o.MaxNumBatchedTokens, profile.MaxNumBatchedTokens)
+	p.scheduler.MaxModelLen = orDefault(o.MaxModelLen, profile.MaxModelLen)
+	p.scheduler.EnablePrefixCaching = !o.NoPrefixCaching
 	if err := p.scheduler.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", errFlags, err)
 	}

@@ -123,7 +123,7 @@ func Start(o Options) (*Running, error) {
 	cfg.Migration, cfg.MaxMigrations = o.Migration, o.MaxMigrations
 	// Each API server counts its own picks: vLLM's policy bumps a rank by
 	// the number of API servers, which a node does not know in advance.
-	if cfg.Policy, err = dp.NewPolicy(o.BalancePolicy, 1, mrand.Uint64()); err != nil {
+	if cfg.Policy, err = dp.NewPolicy(o.BalancePolicy, dp.PolicyConfig{APIServers: 1, StepTokens: p.scheduler.MaxNumBatchedTokens, Seed: mrand.Uint64()}); err != nil {
 		closeListener()
 		return nil, err
 	}

@@ -31,6 +31,10 @@ type RankLoad struct {
 	SnapshotWaiting int
 	SnapshotRunning int
 	SnapshotSeq     uint64
+	// PendingPrefill is the prompt tokens still to prefill of the requests
+	// in flight at the rank that have produced no token yet, less what
+	// their picks expected the rank to hold in its prefix cache.
+	PendingPrefill int
 }
 
 // Request is what a policy knows of the request it places.
@@ -43,6 +47,9 @@ type Request struct {
 	Blocks []engine.BlockHash
 	// BlockSize is the tokens in one block.
 	BlockSize int
+	// Cached is set by Pick: the prompt tokens the chosen rank likely
+	// holds in its prefix cache (0 for policies that do not guess).
+	Cached int
 }
 
 // NewRequest describes prompt for a policy, with the hashes of its blocks
@@ -71,19 +78,29 @@ const (
 // PolicyNames lists the policies, the default first.
 var PolicyNames = []string{PolicyLive, PolicyVLLM, PolicyRoundRobin, PolicyPowerOfTwo}
 
-// NewPolicy returns the named policy. apiServers is how many API servers
-// balance over the same ranks (vLLM's score counts a pick that many
-// times); seed seeds the random choices of p2c.
-func NewPolicy(name string, apiServers int, seed uint64) (Policy, error) {
+// PolicyConfig is what NewPolicy needs to know of the deployment.
+type PolicyConfig struct {
+	// APIServers is how many API servers balance over the same ranks:
+	// vLLM's score counts each pick that many times.
+	APIServers int
+	// StepTokens is the engines' token budget per step
+	// (--max-num-batched-tokens).
+	StepTokens int
+	// Seed seeds the random choices of p2c.
+	Seed uint64
+}
+
+// NewPolicy returns the named policy.
+func NewPolicy(name string, c PolicyConfig) (Policy, error) {
 	switch name {
 	case PolicyLive:
-		return NewLiveLoad(DefaultAffinity), nil
+		return NewLiveLoad(c.StepTokens), nil
 	case PolicyVLLM:
-		return &SnapshotScore{ClientCount: max(apiServers, 1)}, nil
+		return &SnapshotScore{ClientCount: max(c.APIServers, 1)}, nil
 	case PolicyRoundRobin:
 		return &RoundRobin{}, nil
 	case PolicyPowerOfTwo:
-		return NewPowerOfTwo(seed), nil
+		return NewPowerOfTwo(c.Seed), nil
 	}
 	return nil, fmt.Errorf("unknown balance policy %q (want %s)", name, strings.Join(PolicyNames, ", "))
 }
@@ -120,16 +137,31 @@ type LiveLoad struct {
 	// Affinity is how many requests of load a full prefix hit is worth; 0
 	// turns affinity off.
 	Affinity float64
-	next     int
-	prefix   PrefixIndex
-	matched  []int
+	// PrefillWeight is how many requests of load one step's worth
+	// (StepTokens) of prefill waiting at a rank counts as, this request's
+	// own uncached prompt included; 0 turns it off.
+	PrefillWeight float64
+	// StepTokens is the engines' token budget per step
+	// (--max-num-batched-tokens).
+	StepTokens int
+	next       int
+	prefix     PrefixIndex
+	matched    []int
 }
 
-// DefaultAffinity is LiveLoad's weight of a full prefix hit, in requests.
-const DefaultAffinity = 2
+// LiveLoad's default weights, chosen in the virtual-time simulator
+// (docs/BENCHMARKS.md): a full prefix hit is worth two requests of load,
+// and a step's worth of prefill waiting at a rank eight.
+const (
+	DefaultAffinity      = 2
+	DefaultPrefillWeight = 8
+)
 
-// NewLiveLoad returns dpnode's policy with the given affinity weight.
-func NewLiveLoad(affinity float64) *LiveLoad { return &LiveLoad{Affinity: affinity} }
+// NewLiveLoad returns dpnode's policy with its default weights, for
+// engines that take stepTokens tokens per step (0: no prefill term).
+func NewLiveLoad(stepTokens int) *LiveLoad {
+	return &LiveLoad{Affinity: DefaultAffinity, PrefillWeight: DefaultPrefillWeight, StepTokens: stepTokens}
+}
 
 // Pick implements Policy.
 func (p *LiveLoad) Pick(req *Request, ranks []RankLoad) int {
@@ -146,10 +178,20 @@ func (p *LiveLoad) Pick(req *Request, ranks []RankLoad) int {
 			continue
 		}
 		s := liveScore(r)
-		if useAffinity && p.matched[i] > 0 {
+		cached := 0
+		if useAffinity {
+			cached = min(p.matched[i]*req.BlockSize, req.PromptTokens)
+		}
+		if cached > 0 {
 			// The share of the prompt's prefill the rank would skip.
-			hit := min(1, float64(p.matched[i]*req.BlockSize)/float64(req.PromptTokens))
-			s -= p.Affinity * hit
+			s -= p.Affinity * float64(cached) / float64(req.PromptTokens)
+		}
+		if p.PrefillWeight > 0 && p.StepTokens > 0 {
+			own := 0
+			if req != nil {
+				own = req.PromptTokens - cached
+			}
+			s += p.PrefillWeight * float64(r.PendingPrefill+own) / float64(p.StepTokens)
 		}
 		// At equal load the longer cached prefix wins.
 		if best < 0 || s < bestScore || (s == bestScore && useAffinity && p.matched[i] > p.matched[best]) {
@@ -160,6 +202,7 @@ func (p *LiveLoad) Pick(req *Request, ranks []RankLoad) int {
 		p.next = (p.next + 1) % n
 	}
 	if useAffinity && best >= 0 {
+		req.Cached = min(p.matched[best]*req.BlockSize, req.PromptTokens)
 		p.prefix.Record(ranks[best].Rank, req.Blocks)
 	}
 	return best

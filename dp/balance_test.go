@@ -93,7 +93,7 @@ func available(n int) []RankLoad {
 }
 
 func TestLiveLoadFollowsACachedPrefix(t *testing.T) {
-	p := NewLiveLoad(2)
+	p := &LiveLoad{Affinity: 2}
 	ranks := available(4)
 	shared := NewRequest(prompt(7, 160), 16)
 	first := p.Pick(shared, ranks)
@@ -118,7 +118,7 @@ func TestLiveLoadFollowsACachedPrefix(t *testing.T) {
 }
 
 func TestLiveLoadForgetsARestartedRank(t *testing.T) {
-	p := NewLiveLoad(2)
+	p := &LiveLoad{Affinity: 2}
 	ranks := available(2)
 	shared := NewRequest(prompt(1, 64), 16)
 	first := p.Pick(shared, ranks)
@@ -134,7 +134,7 @@ func TestLiveLoadForgetsARestartedRank(t *testing.T) {
 func TestAffinityBoundsImbalance(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(2, 8).Draw(t, "ranks")
-		p := NewLiveLoad(rapid.Float64Range(0, 4).Draw(t, "affinity"))
+		p := &LiveLoad{Affinity: rapid.Float64Range(0, 4).Draw(t, "affinity")}
 		ranks := available(n)
 		for range rapid.IntRange(1, 200).Draw(t, "burst") {
 			req := NewRequest(prompt(rapid.IntRange(0, 3).Draw(t, "prefix"), rapid.IntRange(1, 100).Draw(t, "len")), 16)
@@ -222,11 +222,35 @@ func TestPowerOfTwoTakesTheLesserOfTwo(t *testing.T) {
 
 func TestNewPolicyNames(t *testing.T) {
 	for _, name := range PolicyNames {
-		if _, err := NewPolicy(name, 1, 1); err != nil {
+		if _, err := NewPolicy(name, PolicyConfig{APIServers: 1, StepTokens: 8192, Seed: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := NewPolicy("least-conn", 1, 1); err == nil {
+	if _, err := NewPolicy("least-conn", PolicyConfig{}); err == nil {
 		t.Fatal("an unknown policy was accepted")
+	}
+}
+
+// TestLiveLoadWeighsPendingPrefill: a rank with a long prompt still to
+// prefill delays every first token behind it, so a new request goes to a
+// rank with more requests but no prefill queued.
+func TestLiveLoadWeighsPendingPrefill(t *testing.T) {
+	p := NewLiveLoad(8192)
+	ranks := available(2)
+	ranks[0].InFlight, ranks[0].PendingPrefill = 1, 16000
+	ranks[1].InFlight = 3
+	req := NewRequest(prompt(3, 100), 16)
+	if got := p.Pick(req, ranks); got != 1 {
+		t.Fatalf("picked rank %d, behind 16,000 tokens of prefill", got)
+	}
+	// The request's own cached share counts too: a rank that holds the
+	// prefix has less to prefill, and Pick says how much.
+	long := NewRequest(prompt(4, 8192), 16)
+	ranks = available(2)
+	first := p.Pick(long, ranks)
+	ranks[first].InFlight++
+	ranks[1-first].InFlight++
+	if got := p.Pick(long, ranks); got != first || long.Cached != 8192 {
+		t.Fatalf("picked %d with %d cached; want %d, which holds all 8,192 tokens", got, long.Cached, first)
 	}
 }

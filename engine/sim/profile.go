@@ -11,6 +11,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/dpnode/dpnode/engine"
 )
 
 // ProfileDir is the directory of fsys in which LoadProfile looks up a
@@ -451,4 +453,18 @@ func (p *Profile) CheckExpertParallel(ranks int) error {
 			p.Name, p.MoE.NumExperts, ranks, p.MoE.NumExperts)
 	}
 	return nil
+}
+
+// SchedulerConfig is the engine configuration the profile describes:
+// vLLM's defaults for this model on this GPU, with prefix caching on.
+func (p *Profile) SchedulerConfig() engine.SchedulerConfig {
+	return engine.SchedulerConfig{
+		MaxNumSeqs:          p.MaxNumSeqs,
+		MaxNumBatchedTokens: p.MaxNumBatchedTokens,
+		BlockSize:           p.BlockSize,
+		NumBlocks:           p.KVCacheBlocks,
+		MaxModelLen:         p.MaxModelLen,
+		EnablePrefixCaching: true,
+		EOSTokenID:          EOSToken,
+	}
 }

@@ -10,6 +10,7 @@ GO_FILES = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
 
 build:
 	go build -o bin/dpnode ./cmd/dpnode
+	go build -o bin/dpbench ./cmd/dpbench
 
 # One node on this machine: simulated engines, one per (virtual) GPU.
 run:

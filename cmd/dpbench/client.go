@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Target is an OpenAI-compatible endpoint.
+type Target struct {
+	// BaseURL is the server's root, without /v1.
+	BaseURL string
+	Model   string
+	APIKey  string
+	Client  *http.Client
+}
+
+// NewHTTPClient returns a client for load: connections are reused and
+// never capped below the load's concurrency.
+func NewHTTPClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        0,
+		MaxIdleConnsPerHost: 4096,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}}
+}
+
+// Outcome is how one request went. Times are from the start of the run.
+type Outcome struct {
+	Start time.Duration `json:"start_ms"`
+	// TTFT is the time to the first chunk with text, E2E to the end of
+	// the stream.
+	TTFT time.Duration `json:"-"`
+	E2E  time.Duration `json:"-"`
+	// Gaps are the times between chunks after the first.
+	Gaps         []time.Duration `json:"-"`
+	PromptTokens int             `json:"prompt_tokens"`
+	OutputTokens int             `json:"output_tokens"`
+	Err          string          `json:"error,omitempty"`
+}
+
+// DiscoverModel asks the server which model it serves.
+func (t *Target) DiscoverModel(ctx context.Context) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.BaseURL+"/v1/models", nil)
+	if err != nil {
+		return "", err
+	}
+	t.auth(req)
+	resp, err := t.Client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return "", fmt.Errorf("GET /v1/models: %s: %s", resp.Status, bytes.TrimSpace(b))
+	}
+	var models struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&models); err != nil {
+		return "", fmt.Errorf("GET /v1/models: %w", err)
+	}
+	if len(models.Data) == 0 {
+		return "", errors.New("GET /v1/models: the server lists no model")
+	}
+	return models.Data[0].ID, nil
+}
+
+func (t *Target) auth(req *http.Request) {
+	if t.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+t.APIKey)
+	}
+}
+
+type completionBody struct {
+	Model         string   `json:"model"`
+	Prompt        []uint32 `json:"prompt"`
+	MaxTokens     int      `json:"max_tokens"`
+	IgnoreEOS     bool     `json:"ignore_eos"`
+	Stream        bool     `json:"stream"`
+	StreamOptions struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+type chunk struct {
+	Choices []struct {
+		Text string `json:"text"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// Send streams one completion and times it; start is the run's start.
+func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
+	sent := time.Now()
+	o := Outcome{Start: sent.Sub(start), PromptTokens: len(it.Prompt)}
+	fail := func(err error) Outcome {
+		o.Err = err.Error()
+		o.E2E = time.Since(sent)
+		return o
+	}
+	body := completionBody{Model: t.Model, Prompt: it.Prompt, MaxTokens: it.MaxTokens, IgnoreEOS: true, Stream: true}
+	body.StreamOptions.IncludeUsage = true
+	b, err := json.Marshal(body)
+	if err != nil {
+		return fail(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.BaseURL+"/v1/completions", bytes.NewReader(b))
+	if err != nil {
+		return fail(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	t.auth(req)
+	resp, err := t.Client.Do(req)
+	if err != nil {
+		return fail(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		var c chunk
+		if json.Unmarshal(msg, &c) == nil && c.Error != nil {
+			return fail(fmt.Errorf("%d: %s", resp.StatusCode, c.Error.Message))
+		}
+		return fail(fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg)))
+	}
+	var last time.Time
+	chunks := 0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			o.E2E = time.Since(sent)
+			if o.OutputTokens == 0 {
+				o.OutputTokens = chunks
+			}
+			if chunks == 0 {
+				return fail(errors.New("the stream ended without output"))
+			}
+			return o
+		}
+		now := time.Now()
+		var c chunk
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			return fail(fmt.Errorf("unreadable chunk %q: %w", data, err))
+		}
+		if c.Error != nil {
+			return fail(errors.New(c.Error.Message))
+		}
+		if c.Usage != nil {
+			o.OutputTokens = c.Usage.CompletionTokens
+			if c.Usage.PromptTokens > 0 {
+				o.PromptTokens = c.Usage.PromptTokens
+			}
+		}
+		if len(c.Choices) == 0 || c.Choices[0].Text == "" {
+			continue
+		}
+		if chunks == 0 {
+			o.TTFT = now.Sub(sent)
+		} else {
+			o.Gaps = append(o.Gaps, now.Sub(last))
+		}
+		last = now
+		chunks++
+	}
+	if err := sc.Err(); err != nil {
+		return fail(err)
+	}
+	return fail(errors.New("the stream ended without [DONE]"))
+}

@@ -1,0 +1,377 @@
+// Command dpbench measures an OpenAI-compatible LLM endpoint (dpnode,
+// vLLM, or anything that streams /v1/completions), or, with --simulate,
+// dpnode's scheduler and balancing policies in virtual time.
+//
+//	dpbench --url http://127.0.0.1:8000 --rate 2,4,8 --requests 500 --plot latency.svg
+//	dpbench --simulate --ranks 64 --policy all --load 0.5,0.8,0.95 --out sim.json
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	dpnode "github.com/dpnode/dpnode"
+	"github.com/dpnode/dpnode/dp"
+	"github.com/dpnode/dpnode/engine/sim"
+)
+
+// options are dpbench's flags.
+type options struct {
+	url         string
+	model       string
+	apiKey      string
+	metricsURLs []string
+
+	rates       []float64
+	concurrency []int
+	loads       []float64
+	capacity    float64
+	saturation  int
+	maxInFlight int
+	requests    int
+	duration    time.Duration
+	timeout     time.Duration
+
+	input, output  string
+	prefixGroups   int
+	prefixLen      int
+	trace          string
+	traceSpeed     float64
+	traceBlock     int
+	maxModelLen    int
+	seed           uint64
+	out, plot      string
+	title          string
+	quiet          bool
+	simulate       bool
+	ranks          int
+	profile        string
+	policies       []string
+	expertParallel bool
+	ranksPerNode   int
+}
+
+func main() {
+	if err := newCommand().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "dpbench:", err)
+		os.Exit(1)
+	}
+}
+
+func newCommand() *cobra.Command {
+	o := &options{}
+	cmd := &cobra.Command{
+		Use:   "dpbench",
+		Short: "Load an OpenAI-compatible LLM endpoint, or simulate dpnode's balancing in virtual time",
+		Long: `dpbench sends a workload to an OpenAI-compatible endpoint (streaming /v1/completions with
+token-id prompts) and reports TTFT, inter-token latency and end-to-end latency at p50/p90/p99,
+throughput, and how requests spread over the ranks (from /metrics). Load is an open loop at
+Poisson rates (--rate), a closed loop at fixed concurrencies (--concurrency), or shares of the
+measured capacity (--load). With --simulate it runs dpnode's real scheduler, balancing policies
+and wave logic over --ranks simulated ranks in virtual time instead.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return run(ctx, o, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.url, "url", "http://127.0.0.1:8000", "the endpoint's base URL (without /v1)")
+	f.StringVar(&o.model, "model", "", "model to ask for (default: the first the server lists)")
+	f.StringVar(&o.apiKey, "api-key", os.Getenv("OPENAI_API_KEY"), "bearer token (default: $OPENAI_API_KEY)")
+	f.StringSliceVar(&o.metricsURLs, "metrics-url", nil, "Prometheus endpoints to read the spread over ranks from (default: URL/metrics; none: off)")
+	f.Float64SliceVar(&o.rates, "rate", nil, "open loop: Poisson arrival rates in requests/s, one run each")
+	f.IntSliceVar(&o.concurrency, "concurrency", nil, "closed loop: numbers of clients, one run each")
+	f.Float64SliceVar(&o.loads, "load", nil, "open loop at these shares of the capacity (0.8: 80%), one run each")
+	f.Float64Var(&o.capacity, "capacity", 0, "the capacity --load refers to, in requests/s (default: measured in a closed loop first)")
+	f.IntVar(&o.saturation, "saturation-concurrency", 0, "clients of the closed loop that measures the capacity (default: 256 per rank, or 256)")
+	f.IntVar(&o.maxInFlight, "max-concurrency", 0, "cap on requests in flight in an open loop; later ones wait (0: none)")
+	f.IntVar(&o.requests, "requests", 500, "requests per run")
+	f.DurationVar(&o.duration, "duration", 0, "stop sending after this long in each run (0: when the requests are sent)")
+	f.DurationVar(&o.timeout, "timeout", 10*time.Minute, "limit on one request")
+	f.StringVar(&o.input, "input-len", "lognormal:1000,1", "prompt lengths: fixed:N, uniform:LO,HI, lognormal:MEDIAN,SIGMA or pareto:MIN,ALPHA")
+	f.StringVar(&o.output, "output-len", "lognormal:200,1", "output lengths, as --input-len")
+	f.IntVar(&o.prefixGroups, "prefix-groups", 0, "give each prompt one of this many shared prefixes")
+	f.IntVar(&o.prefixLen, "prefix-len", 1024, "tokens of each shared prefix")
+	f.StringVar(&o.trace, "trace", "", "replay a trace: JSON lines (timestamp ms, input_length, output_length, hash_ids) or Azure's CSV")
+	f.Float64Var(&o.traceSpeed, "trace-speed", 1, "replay the trace this many times faster (ignored with --rate or --load)")
+	f.IntVar(&o.traceBlock, "trace-block-tokens", TraceBlockTokens, "tokens per hash id of the trace")
+	f.IntVar(&o.maxModelLen, "max-model-len", 32768, "cut prompts and outputs to fit this context")
+	f.Uint64Var(&o.seed, "seed", 1, "seed of the workload and of random policies")
+	f.StringVar(&o.out, "out", "", "write the results as JSON here")
+	f.StringVar(&o.plot, "plot", "", "draw latency percentiles against load here (.svg, .png or .pdf)")
+	f.StringVar(&o.title, "title", "", "the plot's title")
+	f.BoolVar(&o.quiet, "quiet", false, "no progress bar")
+	f.BoolVar(&o.simulate, "simulate", false, "run the virtual-time simulator instead of an endpoint")
+	f.IntVar(&o.ranks, "ranks", 4, "simulated data-parallel ranks")
+	f.StringVar(&o.profile, "sim-profile", "llama-3.1-8b-h100", "simulated model and GPU: "+strings.Join(sim.ProfileNames(dpnode.SimProfiles), ", ")+", or a profile .json")
+	f.StringSliceVar(&o.policies, "policy", []string{dp.PolicyLive}, "simulated balancing policies: "+strings.Join(dp.PolicyNames, ", ")+", or all")
+	f.BoolVar(&o.expertParallel, "expert-parallel", false, "simulate MoE ranks stepping in lockstep waves")
+	f.IntVar(&o.ranksPerNode, "ranks-per-node", 8, "simulated ranks per node: an expert-parallel group across nodes pays the cross-node all-to-all")
+	return cmd
+}
+
+// report is what --out writes.
+type report struct {
+	Command  []string  `json:"command"`
+	Target   string    `json:"target"`
+	Workload string    `json:"workload"`
+	Capacity float64   `json:"capacity_rps,omitempty"`
+	Runs     []Summary `json:"runs"`
+}
+
+// runSpec is one run: an open loop at a rate, or a closed loop.
+type runSpec struct {
+	load Load
+	// share is the rate's share of the capacity, for --load.
+	share float64
+}
+
+func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	base, describe, err := o.workload()
+	if err != nil {
+		return err
+	}
+	progress := stderr
+	if o.quiet {
+		progress = io.Discard
+	}
+	var bench func(items []Item, l Load, policy, label string) (Summary, error)
+	target := o.url
+	var sm Simulation
+	if o.simulate {
+		profile, err := sim.LoadProfile(dpnode.SimProfiles, o.profile)
+		if err != nil {
+			return err
+		}
+		sm = Simulation{Ranks: o.ranks, Profile: profile, ExpertParallel: o.expertParallel, RanksPerNode: o.ranksPerNode, Seed: o.seed}
+		target = fmt.Sprintf("simulated: %d ranks of %s (policies %s)", o.ranks, profile.Name, strings.Join(o.policies, ", "))
+		bench = func(items []Item, l Load, policy, label string) (Summary, error) {
+			fmt.Fprintf(progress, "%s: simulating %d requests...\r", label, len(items))
+			return simulate(sm, policy, items, l)
+		}
+	} else {
+		t := &Target{BaseURL: strings.TrimRight(o.url, "/"), Model: o.model, APIKey: o.apiKey, Client: NewHTTPClient()}
+		if t.Model == "" {
+			if t.Model, err = t.DiscoverModel(ctx); err != nil {
+				return fmt.Errorf("%s: %w", o.url, err)
+			}
+		}
+		metrics := o.metricsURLs
+		if len(metrics) == 0 {
+			metrics = []string{t.BaseURL + "/metrics"}
+		}
+		if slices.Equal(metrics, []string{"none"}) {
+			metrics = nil
+		}
+		bench = func(items []Item, l Load, _, label string) (Summary, error) {
+			var before map[string]float64
+			if metrics != nil {
+				if before, err = scrapeServed(ctx, t.Client, metrics); err != nil {
+					fmt.Fprintf(stderr, "dpbench: no spread over ranks: %v\n", err)
+					metrics = nil
+				}
+			}
+			outs, elapsed := send(ctx, t, items, l, progress, label)
+			if ctx.Err() != nil {
+				return Summary{}, ctx.Err()
+			}
+			s := summarize(label, outs, gapsOf(outs), elapsed)
+			if metrics != nil {
+				if after, err := scrapeServed(ctx, t.Client, metrics); err == nil {
+					s.Ranks = newSpread(servedDelta(before, after))
+				}
+			}
+			return s, nil
+		}
+	}
+	policies := []string{""}
+	if o.simulate {
+		policies = o.policies
+	}
+	rep := report{Command: os.Args, Target: target, Workload: describe}
+	specs := o.specs()
+	if len(o.loads) > 0 {
+		rep.Capacity = o.capacity
+		if rep.Capacity == 0 {
+			conc := o.saturation
+			if conc == 0 {
+				conc = 256
+				if o.simulate {
+					conc = 256 * o.ranks
+				}
+			}
+			s, err := bench(slices.Clone(base), Load{Concurrency: conc, Timeout: o.timeout, Duration: o.duration}, policies[0], fmt.Sprintf("capacity (%d clients)", conc))
+			if err != nil {
+				return err
+			}
+			if s.Completed == 0 {
+				return fmt.Errorf("measuring the capacity: no request completed (%v)", s.Errors)
+			}
+			rep.Capacity = s.RequestThroughput
+			fmt.Fprintf(stdout, "capacity: %.2f requests/s (closed loop of %d clients, %d requests)\n", rep.Capacity, conc, s.Completed)
+		}
+		for _, share := range o.loads {
+			specs = append(specs, runSpec{load: Load{Open: true, Rate: share * rep.Capacity}, share: share})
+		}
+	}
+	for _, spec := range specs {
+		for _, policy := range policies {
+			l := spec.load
+			l.MaxInFlight, l.Duration, l.Timeout = o.maxInFlight, o.duration, o.timeout
+			items := slices.Clone(base)
+			if l.Rate > 0 {
+				Poisson(items, l.Rate, o.seed)
+			}
+			label := runLabel(policy, spec)
+			s, err := bench(items, l, policy, label)
+			if err != nil {
+				return err
+			}
+			s.Load, s.OfferedRate, s.Concurrency = spec.share, l.Rate, l.Concurrency
+			if l.Open {
+				s.Concurrency = 0
+			}
+			rep.Runs = append(rep.Runs, s)
+		}
+	}
+	fmt.Fprintf(stdout, "target: %s\nworkload: %s\n", target, describe)
+	printTable(stdout, rep.Runs)
+	if o.out != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(o.out, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if o.plot != "" {
+		title := o.title
+		if title == "" {
+			title = target
+		}
+		if err := savePlot(o.plot, title, rep.Runs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func runLabel(policy string, spec runSpec) string {
+	var what string
+	switch {
+	case spec.share > 0:
+		what = fmt.Sprintf("%.0f%% load", 100*spec.share)
+	case spec.load.Rate > 0:
+		what = fmt.Sprintf("%g req/s", spec.load.Rate)
+	case spec.load.Open:
+		what = "trace pace"
+	default:
+		what = fmt.Sprintf("%d clients", spec.load.Concurrency)
+	}
+	if policy != "" {
+		return policy + " " + what
+	}
+	return what
+}
+
+// specs lists the runs --rate and --concurrency ask for.
+func (o *options) specs() []runSpec {
+	var specs []runSpec
+	for _, r := range o.rates {
+		specs = append(specs, runSpec{load: Load{Open: true, Rate: r}})
+	}
+	for _, c := range o.concurrency {
+		specs = append(specs, runSpec{load: Load{Concurrency: c}})
+	}
+	if len(specs) == 0 && len(o.loads) == 0 && o.trace != "" {
+		// A trace alone replays at its own pace.
+		specs = append(specs, runSpec{load: Load{Open: true}})
+	}
+	return specs
+}
+
+func (o *options) check() error {
+	if slices.Contains(o.policies, "all") {
+		o.policies = slices.Clone(dp.PolicyNames)
+	}
+	for _, p := range o.policies {
+		if _, err := dp.NewPolicy(p, dp.PolicyConfig{}); err != nil {
+			return err
+		}
+	}
+	switch {
+	case len(o.rates) == 0 && len(o.concurrency) == 0 && len(o.loads) == 0 && o.trace == "":
+		return errors.New("say how to load: --rate, --concurrency, --load, or --trace to replay a trace at its own pace")
+	case o.requests < 1:
+		return fmt.Errorf("--requests must be at least 1, got %d", o.requests)
+	case o.simulate && o.ranks < 1:
+		return fmt.Errorf("--ranks must be at least 1, got %d", o.ranks)
+	case !o.simulate && len(o.policies) > 1:
+		return errors.New("--policy chooses simulated policies; against an endpoint, the server's --balance-policy decides")
+	case o.timeout <= 0:
+		return errors.New("--timeout must be positive")
+	}
+	for _, r := range o.rates {
+		if r <= 0 {
+			return fmt.Errorf("--rate must be positive, got %v", r)
+		}
+	}
+	for _, c := range o.concurrency {
+		if c < 1 {
+			return fmt.Errorf("--concurrency must be at least 1, got %d", c)
+		}
+	}
+	for _, l := range o.loads {
+		if l <= 0 {
+			return fmt.Errorf("--load must be positive, got %v", l)
+		}
+	}
+	return nil
+}
+
+// workload builds the requests every run sends, and says what they are.
+func (o *options) workload() ([]Item, string, error) {
+	if o.trace != "" {
+		items, err := LoadTrace(o.trace, o.traceBlock, o.traceSpeed, o.requests, o.maxModelLen)
+		if err != nil {
+			return nil, "", err
+		}
+		return items, fmt.Sprintf("trace %s, first %d requests", o.trace, len(items)), nil
+	}
+	in, err := ParseDist(o.input)
+	if err != nil {
+		return nil, "", fmt.Errorf("--input-len: %w", err)
+	}
+	out, err := ParseDist(o.output)
+	if err != nil {
+		return nil, "", fmt.Errorf("--output-len: %w", err)
+	}
+	if o.prefixGroups < 0 || o.prefixLen < 0 {
+		return nil, "", errors.New("--prefix-groups and --prefix-len must not be negative")
+	}
+	s := Synthetic{Requests: o.requests, Input: in, Output: out, PrefixGroups: o.prefixGroups, PrefixLen: o.prefixLen, MaxModelLen: o.maxModelLen, Seed: o.seed}
+	describe := fmt.Sprintf("synthetic, %d requests, prompts %s, outputs %s", o.requests, in, out)
+	if o.prefixGroups > 0 {
+		describe += fmt.Sprintf(", each after one of %d shared %d-token prefixes", o.prefixGroups, o.prefixLen)
+	}
+	return s.Generate(), describe, nil
+}

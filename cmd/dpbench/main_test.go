@@ -1,0 +1,149 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	dpnode "github.com/dpnode/dpnode"
+	"github.com/dpnode/dpnode/cluster"
+)
+
+// runArgs runs dpbench with args and returns its report and output.
+func runArgs(t *testing.T, args ...string) (report, string) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "results.json")
+	cmd := newCommand()
+	var stdout, stderr bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetErr(&stderr)
+	cmd.SetArgs(append(args, "--out", out, "--quiet"))
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		t.Fatalf("dpbench %v: %v\n%s", args, err, stderr.String())
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep, stdout.String()
+}
+
+// TestAgainstARealNode loads a dpnode of two ranks in process, in an open
+// and a closed loop, and checks the counts, the latencies and the spread
+// read from its metrics.
+func TestAgainstARealNode(t *testing.T) {
+	o := cluster.DefaultOptions()
+	o.Host, o.Port = "127.0.0.1", 0
+	o.Bind, o.RPCPort = "127.0.0.1:0", 0
+	o.SimTimeScale = 0.05
+	o.Profiles = dpnode.SimProfiles
+	o.Logger = slog.New(slog.DiscardHandler)
+	node, err := cluster.Start(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := node.Shutdown(); err != nil {
+			t.Error(err)
+		}
+	})
+	svg := filepath.Join(t.TempDir(), "latency.svg")
+	rep, table := runArgs(t, "--url", "http://"+node.Addr(), "--rate", "40", "--concurrency", "8", "--requests", "60",
+		"--input-len", "uniform:20,200", "--output-len", "uniform:5,30", "--prefix-groups", "2", "--prefix-len", "64", "--plot", svg)
+	if len(rep.Runs) != 2 {
+		t.Fatalf("%d runs, want an open and a closed loop", len(rep.Runs))
+	}
+	for _, s := range rep.Runs {
+		if s.Sent != 60 || s.Completed != 60 || s.Failed != 0 {
+			t.Fatalf("%s: sent %d, completed %d, failed %d (%v)", s.Label, s.Sent, s.Completed, s.Failed, s.Errors)
+		}
+		if s.TTFT.P50 <= 0 || s.TTFT.P99 < s.TTFT.P50 || s.E2E.P50 < s.TTFT.P50 || s.ITL.P50 <= 0 || s.RequestThroughput <= 0 {
+			t.Fatalf("%s: implausible latencies %+v", s.Label, s)
+		}
+		if s.Ranks == nil || len(s.Ranks.Served) != 2 || s.Ranks.Served[0]+s.Ranks.Served[1] != 60 {
+			t.Fatalf("%s: spread %+v, want the 60 requests over two engines", s.Label, s.Ranks)
+		}
+	}
+	if rep.Runs[0].OfferedRate != 40 || rep.Runs[1].Concurrency != 8 {
+		t.Fatalf("runs %+v", rep.Runs)
+	}
+	if !strings.Contains(table, "TTFT p99") || !strings.Contains(table, "40.00/s") {
+		t.Fatalf("table:\n%s", table)
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil || !bytes.Contains(b, []byte("<svg")) {
+		t.Fatalf("plot: %v, %.100s", err, b)
+	}
+}
+
+// TestOpenLoopKeepsItsSchedule: an open loop sends no request before its
+// arrival time, whatever the server's pace.
+func TestOpenLoopKeepsItsSchedule(t *testing.T) {
+	items := make([]Item, 5)
+	for i := range items {
+		items[i] = Item{Arrival: time.Duration(i) * 50 * time.Millisecond, Prompt: []uint32{1}, MaxTokens: 1}
+	}
+	// No server listens: every request fails at once, at its time.
+	tgt := &Target{BaseURL: "http://127.0.0.1:1", Model: "m", Client: NewHTTPClient()}
+	outs, elapsed := send(context.Background(), tgt, items, Load{Open: true, Timeout: time.Second}, &bytes.Buffer{}, "test")
+	if len(outs) != 5 {
+		t.Fatalf("%d outcomes", len(outs))
+	}
+	for i, o := range outs {
+		if o.Err == "" {
+			t.Fatalf("request %d reached a server on port 1", i)
+		}
+		if o.Start < items[i].Arrival {
+			t.Fatalf("request %d sent at %v, before it was due at %v", i, o.Start, items[i].Arrival)
+		}
+	}
+	if elapsed < 200*time.Millisecond {
+		t.Fatalf("the run took %v, less than its schedule", elapsed)
+	}
+}
+
+func TestSimulatedPolicies(t *testing.T) {
+	rep, _ := runArgs(t, "--simulate", "--ranks", "8", "--policy", "all", "--load", "0.5,0.9", "--requests", "400",
+		"--input-len", "lognormal:800,1", "--output-len", "lognormal:100,1")
+	if rep.Capacity <= 0 || len(rep.Runs) != 8 {
+		t.Fatalf("capacity %v, %d runs; want 4 policies at 2 loads", rep.Capacity, len(rep.Runs))
+	}
+	for _, s := range rep.Runs {
+		if !s.Simulated || s.Completed != 400 || s.NumRanks != 8 || s.Ranks == nil || len(s.Ranks.Served) != 8 {
+			t.Fatalf("%s: %+v", s.Label, s)
+		}
+	}
+	// MoE in waves: some rank-steps are dummy steps.
+	rep, _ = runArgs(t, "--simulate", "--ranks", "4", "--sim-profile", "qwen3-30b-a3b-h200", "--expert-parallel", "--rate", "2", "--requests", "50")
+	if s := rep.Runs[0]; s.DummyStepShare <= 0 || s.DummyStepShare >= 1 {
+		t.Fatalf("dummy step share %v", s.DummyStepShare)
+	}
+}
+
+func TestBadFlagsSayWhy(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"--rate", "0"},
+		{"--rate", "1", "--input-len", "normal:1,2"},
+		{"--simulate", "--policy", "least-conn", "--rate", "1"},
+		{"--rate", "1", "--policy", "live,vllm"},
+	} {
+		cmd := newCommand()
+		cmd.SetOut(&bytes.Buffer{})
+		cmd.SetErr(&bytes.Buffer{})
+		cmd.SetArgs(args)
+		if err := cmd.Execute(); err == nil {
+			t.Errorf("dpbench %v: accepted", args)
+		}
+	}
+}

@@ -1,0 +1,175 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"image/color"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+)
+
+// series is one line of the plot: a group of runs (one policy, or one
+// target) against the load.
+type series struct {
+	name string
+	x    []float64
+	sums []Summary
+}
+
+// xOf is where a run sits on the load axis, and the axis' name.
+func xOf(s Summary) (float64, string) {
+	switch {
+	case s.Load > 0:
+		return 100 * s.Load, "offered load (% of measured capacity)"
+	case s.OfferedRate > 0:
+		return s.OfferedRate, "offered rate (requests/s)"
+	default:
+		return float64(s.Concurrency), "concurrency (clients)"
+	}
+}
+
+// groupOf is the line a run belongs to.
+func groupOf(s Summary) string {
+	if s.Policy != "" {
+		return s.Policy
+	}
+	return "dpbench"
+}
+
+// savePlot draws two panels against the load, one colour per group: TTFT
+// p99 (solid) and p50 (dashed), and ITL p99 (solid) and p50 (dashed). The
+// format follows path's extension (.svg, .png or .pdf).
+func savePlot(path, title string, sums []Summary) error {
+	var groups []*series
+	xLabel := ""
+	for _, s := range sums {
+		x, name := xOf(s)
+		xLabel = name
+		i := slices.IndexFunc(groups, func(g *series) bool { return g.name == groupOf(s) })
+		if i < 0 {
+			groups = append(groups, &series{name: groupOf(s)})
+			i = len(groups) - 1
+		}
+		groups[i].x = append(groups[i].x, x)
+		groups[i].sums = append(groups[i].sums, s)
+	}
+	panels := []struct {
+		title    string
+		p99, p50 func(Summary) float64
+	}{
+		{"time to first token", func(s Summary) float64 { return s.TTFT.P99 }, func(s Summary) float64 { return s.TTFT.P50 }},
+		{"inter-token latency", func(s Summary) float64 { return s.ITL.P99 }, func(s Summary) float64 { return s.ITL.P50 }},
+	}
+	row := make([]*plot.Plot, len(panels))
+	for pi, panel := range panels {
+		p := plot.New()
+		p.Title.Text = panel.title
+		if pi == 0 && title != "" {
+			p.Title.Text = title + "\n" + panel.title
+		}
+		p.X.Label.Text = xLabel
+		p.Y.Label.Text = "ms, log scale (solid p99, dashed p50)"
+		p.Y.Scale = plot.LogScale{}
+		p.Y.Tick.Marker = logTicks{}
+		p.Legend.Top, p.Legend.Left = true, true
+		p.Add(plotter.NewGrid())
+		for gi, g := range groups {
+			c := palette[gi%len(palette)]
+			for k, value := range []func(Summary) float64{panel.p99, panel.p50} {
+				line, err := lineOf(g, value, c)
+				if err != nil {
+					return err
+				}
+				if line == nil {
+					continue
+				}
+				if k == 1 {
+					line.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+				}
+				p.Add(line)
+				if k == 0 && len(groups) > 1 {
+					p.Legend.Add(g.name, line)
+				}
+			}
+		}
+		row[pi] = p
+	}
+	const width, height = 12 * vg.Inch, 5 * vg.Inch
+	format := strings.TrimPrefix(strings.ToLower(filepath.Ext(path)), ".")
+	c, err := draw.NewFormattedCanvas(width, height, format)
+	if err != nil {
+		return fmt.Errorf("plot %s: %w (want .svg, .png or .pdf)", path, err)
+	}
+	canvases := plot.Align([][]*plot.Plot{row}, draw.Tiles{Rows: 1, Cols: len(row), PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 2,
+		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}, draw.New(c))
+	for i, p := range row {
+		p.Draw(canvases[0][i])
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := c.WriteTo(f); err != nil {
+		f.Close()
+		return fmt.Errorf("plot %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+var palette = []color.Color{
+	color.RGBA{R: 0x1f, G: 0x77, B: 0xb4, A: 255}, color.RGBA{R: 0xd6, G: 0x27, B: 0x28, A: 255},
+	color.RGBA{R: 0x2c, G: 0xa0, B: 0x2c, A: 255}, color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 255},
+	color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 255}, color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 255},
+}
+
+// lineOf is g's line of value against the load, in load order; nil when
+// no run has a value (a log axis has no zero).
+func lineOf(g *series, value func(Summary) float64, c color.Color) (*plotter.Line, error) {
+	order := make([]int, len(g.x))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(g.x[a], g.x[b]) })
+	pts := plotter.XYs{}
+	for _, i := range order {
+		if v := value(g.sums[i]); v > 0 {
+			pts = append(pts, plotter.XY{X: g.x[i], Y: v})
+		}
+	}
+	if len(pts) == 0 {
+		return nil, nil
+	}
+	line, err := plotter.NewLine(pts)
+	if err != nil {
+		return nil, err
+	}
+	line.Color, line.Width = c, vg.Points(1.5)
+	return line, nil
+}
+
+// logTicks marks 1, 2 and 5 times the powers of ten.
+type logTicks struct{}
+
+// Ticks implements plot.Ticker.
+func (logTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ticks []plot.Tick
+	for e := math.Floor(math.Log10(lo)); e <= math.Ceil(math.Log10(hi)); e++ {
+		for _, m := range []float64{1, 2, 5} {
+			v := m * math.Pow(10, e)
+			if v < lo || v > hi {
+				continue
+			}
+			ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'g', -1, 64)})
+		}
+	}
+	return ticks
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Percentiles of a latency, in milliseconds.
+type Percentiles struct {
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P99  float64 `json:"p99"`
+	Max  float64 `json:"max"`
+}
+
+// percentiles sorts ds and reads its percentiles (nearest rank).
+func percentiles(ds []time.Duration) Percentiles {
+	if len(ds) == 0 {
+		return Percentiles{}
+	}
+	slices.Sort(ds)
+	at := func(q float64) float64 {
+		i := int(q*float64(len(ds))+0.999999) - 1
+		return ms(ds[min(max(i, 0), len(ds)-1)])
+	}
+	var sum time.Duration
+	for _, d := range ds {
+		sum += d
+	}
+	return Percentiles{Mean: ms(sum / time.Duration(len(ds))), P50: at(0.5), P90: at(0.9), P99: at(0.99), Max: ms(ds[len(ds)-1])}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// RankSpread is how requests spread over the ranks, from the servers'
+// metrics (vllm:request_success_total by engine).
+type RankSpread struct {
+	Engines []string  `json:"engines"`
+	Served  []float64 `json:"served"`
+	// MinOverMean and MaxOverMean are 1 for a perfect spread.
+	MinOverMean float64 `json:"min_over_mean"`
+	MaxOverMean float64 `json:"max_over_mean"`
+}
+
+func newSpread(served map[string]float64) *RankSpread {
+	if len(served) == 0 {
+		return nil
+	}
+	s := &RankSpread{Engines: slices.SortedFunc(maps.Keys(served), func(a, b string) int {
+		return cmp.Or(cmp.Compare(len(a), len(b)), cmp.Compare(a, b))
+	})}
+	var sum, lo, hi float64
+	for i, e := range s.Engines {
+		v := served[e]
+		s.Served = append(s.Served, v)
+		sum += v
+		if i == 0 || v < lo {
+			lo = v
+		}
+		hi = max(hi, v)
+	}
+	if mean := sum / float64(len(s.Served)); mean > 0 {
+		s.MinOverMean, s.MaxOverMean = lo/mean, hi/mean
+	}
+	return s
+}
+
+// Summary is one run's results.
+type Summary struct {
+	Label string `json:"label"`
+	// Load is the offered rate as a share of the measured capacity.
+	Load        float64 `json:"load,omitempty"`
+	OfferedRate float64 `json:"offered_rate,omitempty"`
+	Concurrency int     `json:"concurrency,omitempty"`
+	Sent        int     `json:"sent"`
+	Completed   int     `json:"completed"`
+	Failed      int     `json:"failed"`
+	// DurationS runs from the first send to the last end, as vLLM's
+	// benchmark_serving measures it.
+	DurationS             float64     `json:"duration_s"`
+	RequestThroughput     float64     `json:"request_throughput"`
+	InputTokenThroughput  float64     `json:"input_token_throughput"`
+	OutputTokenThroughput float64     `json:"output_token_throughput"`
+	TTFT                  Percentiles `json:"ttft_ms"`
+	ITL                   Percentiles `json:"itl_ms"`
+	TPOT                  Percentiles `json:"tpot_ms"`
+	E2E                   Percentiles `json:"e2e_ms"`
+	// Errors counts the failures by message.
+	Errors map[string]int `json:"errors,omitempty"`
+	Ranks  *RankSpread    `json:"ranks,omitempty"`
+	// Simulated runs only.
+	Simulated      bool    `json:"simulated,omitempty"`
+	Policy         string  `json:"policy,omitempty"`
+	NumRanks       int     `json:"num_ranks,omitempty"`
+	DummyStepShare float64 `json:"dummy_step_share,omitempty"`
+	CachedShare    float64 `json:"cached_prompt_share,omitempty"`
+	SimWallS       float64 `json:"sim_wall_s,omitempty"`
+}
+
+// summarize computes a run's summary from its outcomes; gaps are the
+// inter-token gaps of all of them.
+func summarize(label string, outs []Outcome, gaps []time.Duration, elapsed time.Duration) Summary {
+	s := Summary{Label: label, Sent: len(outs), DurationS: elapsed.Seconds()}
+	var ttft, e2e, tpot []time.Duration
+	in, out := 0, 0
+	for _, o := range outs {
+		if o.Err != "" {
+			s.Failed++
+			if s.Errors == nil {
+				s.Errors = map[string]int{}
+			}
+			s.Errors[o.Err]++
+			continue
+		}
+		s.Completed++
+		in += o.PromptTokens
+		out += o.OutputTokens
+		ttft = append(ttft, o.TTFT)
+		e2e = append(e2e, o.E2E)
+		if o.OutputTokens > 1 {
+			tpot = append(tpot, (o.E2E-o.TTFT)/time.Duration(o.OutputTokens-1))
+		}
+	}
+	if elapsed > 0 {
+		s.RequestThroughput = float64(s.Completed) / elapsed.Seconds()
+		s.InputTokenThroughput = float64(in) / elapsed.Seconds()
+		s.OutputTokenThroughput = float64(out) / elapsed.Seconds()
+	}
+	s.TTFT, s.E2E, s.TPOT, s.ITL = percentiles(ttft), percentiles(e2e), percentiles(tpot), percentiles(gaps)
+	return s
+}
+
+// gapsOf collects the inter-token gaps of outcomes.
+func gapsOf(outs []Outcome) []time.Duration {
+	var gaps []time.Duration
+	for _, o := range outs {
+		gaps = append(gaps, o.Gaps...)
+	}
+	return gaps
+}
+
+// printTable writes the summaries as an aligned table.
+func printTable(w io.Writer, sums []Summary) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "run\tload\trate\treq/s\tout tok/s\tTTFT p50\tTTFT p90\tTTFT p99\tITL p50\tITL p99\tE2E p50\tE2E p99\tfailed\tranks min/max of mean\t")
+	for _, s := range sums {
+		load, rate, spread := "-", "-", "-"
+		if s.Load > 0 {
+			load = fmt.Sprintf("%.0f%%", 100*s.Load)
+		}
+		switch {
+		case s.OfferedRate > 0:
+			rate = fmt.Sprintf("%.2f/s", s.OfferedRate)
+		case s.Concurrency > 0:
+			rate = fmt.Sprintf("c=%d", s.Concurrency)
+		}
+		if s.Ranks != nil {
+			spread = fmt.Sprintf("%.2f/%.2f", s.Ranks.MinOverMean, s.Ranks.MaxOverMean)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t\n", s.Label, load, rate,
+			s.RequestThroughput, s.OutputTokenThroughput, fmtMs(s.TTFT.P50), fmtMs(s.TTFT.P90), fmtMs(s.TTFT.P99),
+			fmtMs(s.ITL.P50), fmtMs(s.ITL.P99), fmtMs(s.E2E.P50), fmtMs(s.E2E.P99), s.Failed, spread)
+	}
+	tw.Flush()
+	for _, s := range sums {
+		if len(s.Errors) == 0 {
+			continue
+		}
+		msgs := slices.SortedFunc(maps.Keys(s.Errors), func(a, b string) int { return s.Errors[b] - s.Errors[a] })
+		fmt.Fprintf(w, "%s: %d failed; most frequent: %d× %s\n", s.Label, s.Failed, s.Errors[msgs[0]], strings.TrimSpace(msgs[0]))
+	}
+}
+
+func fmtMs(v float64) string {
+	if v >= 1000 {
+		return fmt.Sprintf("%.2fs", v/1000)
+	}
+	return fmt.Sprintf("%.1fms", v)
+}

@@ -21,6 +21,9 @@ type Target struct {
 	Model   string
 	APIKey  string
 	Client  *http.Client
+	// NoStream asks for whole responses: only end-to-end latency is
+	// measured, and the client's own cost is least.
+	NoStream bool
 }
 
 // NewHTTPClient returns a client for load: connections are reused and
@@ -92,9 +95,9 @@ type completionBody struct {
 	MaxTokens     int      `json:"max_tokens"`
 	IgnoreEOS     bool     `json:"ignore_eos"`
 	Stream        bool     `json:"stream"`
-	StreamOptions struct {
+	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
+	} `json:"stream_options,omitempty"`
 }
 
 type chunk struct {
@@ -119,8 +122,12 @@ func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 		o.E2E = time.Since(sent)
 		return o
 	}
-	body := completionBody{Model: t.Model, Prompt: it.Prompt, MaxTokens: it.MaxTokens, IgnoreEOS: true, Stream: true}
-	body.StreamOptions.IncludeUsage = true
+	body := completionBody{Model: t.Model, Prompt: it.Prompt, MaxTokens: it.MaxTokens, IgnoreEOS: true, Stream: !t.NoStream}
+	if body.Stream {
+		body.StreamOptions = &struct {
+			IncludeUsage bool `json:"include_usage"`
+		}{true}
+	}
 	b, err := json.Marshal(body)
 	if err != nil {
 		return fail(err)
@@ -143,6 +150,18 @@ func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 			return fail(fmt.Errorf("%d: %s", resp.StatusCode, c.Error.Message))
 		}
 		return fail(fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg)))
+	}
+	if t.NoStream {
+		var c chunk
+		if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
+			return fail(fmt.Errorf("unreadable response: %w", err))
+		}
+		if c.Usage == nil || c.Usage.CompletionTokens < 1 {
+			return fail(errors.New("a response without usage or output"))
+		}
+		o.E2E = time.Since(sent)
+		o.TTFT, o.OutputTokens = o.E2E, c.Usage.CompletionTokens
+		return o
 	}
 	var last time.Time
 	chunks := 0

@@ -44,6 +44,9 @@ type options struct {
 	timeout     time.Duration
 
 	input, output  string
+	inputMax       int
+	outputMax      int
+	label          string
 	prefixGroups   int
 	prefixLen      int
 	trace          string
@@ -54,6 +57,7 @@ type options struct {
 	out, plot      string
 	title          string
 	quiet          bool
+	noStream       bool
 	simulate       bool
 	ranks          int
 	profile        string
@@ -89,6 +93,7 @@ and wave logic over --ranks simulated ranks in virtual time instead.`,
 			return run(ctx, o, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
+	cmd.AddCommand(newBareCommand(), newPlotCommand())
 	f := cmd.Flags()
 	f.StringVar(&o.url, "url", "http://127.0.0.1:8000", "the endpoint's base URL (without /v1)")
 	f.StringVar(&o.model, "model", "", "model to ask for (default: the first the server lists)")
@@ -98,13 +103,16 @@ and wave logic over --ranks simulated ranks in virtual time instead.`,
 	f.IntSliceVar(&o.concurrency, "concurrency", nil, "closed loop: numbers of clients, one run each")
 	f.Float64SliceVar(&o.loads, "load", nil, "open loop at these shares of the capacity (0.8: 80%), one run each")
 	f.Float64Var(&o.capacity, "capacity", 0, "the capacity --load refers to, in requests/s (default: measured in a closed loop first)")
-	f.IntVar(&o.saturation, "saturation-concurrency", 0, "clients of the closed loop that measures the capacity (default: 256 per rank, or 256)")
+	f.IntVar(&o.saturation, "saturation-concurrency", 0, "clients of the closed loop that measures the capacity (default 256: one rank's --max-num-seqs)")
 	f.IntVar(&o.maxInFlight, "max-concurrency", 0, "cap on requests in flight in an open loop; later ones wait (0: none)")
 	f.IntVar(&o.requests, "requests", 500, "requests per run")
 	f.DurationVar(&o.duration, "duration", 0, "stop sending after this long in each run (0: when the requests are sent)")
 	f.DurationVar(&o.timeout, "timeout", 10*time.Minute, "limit on one request")
 	f.StringVar(&o.input, "input-len", "lognormal:1000,1", "prompt lengths: fixed:N, uniform:LO,HI, lognormal:MEDIAN,SIGMA or pareto:MIN,ALPHA")
 	f.StringVar(&o.output, "output-len", "lognormal:200,1", "output lengths, as --input-len")
+	f.IntVar(&o.inputMax, "input-max", 0, "cut drawn prompt lengths to this (0: no cut)")
+	f.IntVar(&o.outputMax, "output-max", 0, "cut drawn output lengths to this (0: no cut)")
+	f.StringVar(&o.label, "label", "", "name this target's runs in the table, the JSON and plots (dpbench plot merges several)")
 	f.IntVar(&o.prefixGroups, "prefix-groups", 0, "give each prompt one of this many shared prefixes")
 	f.IntVar(&o.prefixLen, "prefix-len", 1024, "tokens of each shared prefix")
 	f.StringVar(&o.trace, "trace", "", "replay a trace: JSON lines (timestamp ms, input_length, output_length, hash_ids) or Azure's CSV")
@@ -116,6 +124,7 @@ and wave logic over --ranks simulated ranks in virtual time instead.`,
 	f.StringVar(&o.plot, "plot", "", "draw latency percentiles against load here (.svg, .png or .pdf)")
 	f.StringVar(&o.title, "title", "", "the plot's title")
 	f.BoolVar(&o.quiet, "quiet", false, "no progress bar")
+	f.BoolVar(&o.noStream, "no-stream", false, "ask for whole responses: end-to-end latency only, at the least client cost (TTFT then reads as E2E)")
 	f.BoolVar(&o.simulate, "simulate", false, "run the virtual-time simulator instead of an endpoint")
 	f.IntVar(&o.ranks, "ranks", 4, "simulated data-parallel ranks")
 	f.StringVar(&o.profile, "sim-profile", "llama-3.1-8b-h100", "simulated model and GPU: "+strings.Join(sim.ProfileNames(dpnode.SimProfiles), ", ")+", or a profile .json")
@@ -145,7 +154,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if err := o.check(); err != nil {
 		return err
 	}
-	base, describe, err := o.workload()
+	base, describe, err := o.workload(o.requests, o.seed)
 	if err != nil {
 		return err
 	}
@@ -153,7 +162,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if o.quiet {
 		progress = io.Discard
 	}
-	var bench func(items []Item, l Load, policy, label string) (Summary, error)
+	var bench func(items []Item, l Load, policy, label string) (Summary, []Outcome, error)
 	target := o.url
 	var sm Simulation
 	if o.simulate {
@@ -163,12 +172,12 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		}
 		sm = Simulation{Ranks: o.ranks, Profile: profile, ExpertParallel: o.expertParallel, RanksPerNode: o.ranksPerNode, Seed: o.seed}
 		target = fmt.Sprintf("simulated: %d ranks of %s (policies %s)", o.ranks, profile.Name, strings.Join(o.policies, ", "))
-		bench = func(items []Item, l Load, policy, label string) (Summary, error) {
+		bench = func(items []Item, l Load, policy, label string) (Summary, []Outcome, error) {
 			fmt.Fprintf(progress, "%s: simulating %d requests...\r", label, len(items))
 			return simulate(sm, policy, items, l)
 		}
 	} else {
-		t := &Target{BaseURL: strings.TrimRight(o.url, "/"), Model: o.model, APIKey: o.apiKey, Client: NewHTTPClient()}
+		t := &Target{BaseURL: strings.TrimRight(o.url, "/"), Model: o.model, APIKey: o.apiKey, Client: NewHTTPClient(), NoStream: o.noStream}
 		if t.Model == "" {
 			if t.Model, err = t.DiscoverModel(ctx); err != nil {
 				return fmt.Errorf("%s: %w", o.url, err)
@@ -181,7 +190,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		if slices.Equal(metrics, []string{"none"}) {
 			metrics = nil
 		}
-		bench = func(items []Item, l Load, _, label string) (Summary, error) {
+		bench = func(items []Item, l Load, _, label string) (Summary, []Outcome, error) {
 			var before map[string]float64
 			if metrics != nil {
 				if before, err = scrapeServed(ctx, t.Client, metrics); err != nil {
@@ -191,7 +200,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 			}
 			outs, elapsed := send(ctx, t, items, l, progress, label)
 			if ctx.Err() != nil {
-				return Summary{}, ctx.Err()
+				return Summary{}, nil, ctx.Err()
 			}
 			s := summarize(label, outs, gapsOf(outs), elapsed)
 			if metrics != nil {
@@ -199,7 +208,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 					s.Ranks = newSpread(servedDelta(before, after))
 				}
 			}
-			return s, nil
+			return s, outs, nil
 		}
 	}
 	policies := []string{""}
@@ -211,22 +220,9 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if len(o.loads) > 0 {
 		rep.Capacity = o.capacity
 		if rep.Capacity == 0 {
-			conc := o.saturation
-			if conc == 0 {
-				conc = 256
-				if o.simulate {
-					conc = 256 * o.ranks
-				}
-			}
-			s, err := bench(slices.Clone(base), Load{Concurrency: conc, Timeout: o.timeout, Duration: o.duration}, policies[0], fmt.Sprintf("capacity (%d clients)", conc))
-			if err != nil {
+			if rep.Capacity, err = o.measureCapacity(ctx, bench, sm, policies[0], base, stdout); err != nil {
 				return err
 			}
-			if s.Completed == 0 {
-				return fmt.Errorf("measuring the capacity: no request completed (%v)", s.Errors)
-			}
-			rep.Capacity = s.RequestThroughput
-			fmt.Fprintf(stdout, "capacity: %.2f requests/s (closed loop of %d clients, %d requests)\n", rep.Capacity, conc, s.Completed)
 		}
 		for _, share := range o.loads {
 			specs = append(specs, runSpec{load: Load{Open: true, Rate: share * rep.Capacity}, share: share})
@@ -240,10 +236,17 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 			if l.Rate > 0 {
 				Poisson(items, l.Rate, o.seed)
 			}
-			label := runLabel(policy, spec)
-			s, err := bench(items, l, policy, label)
+			name := policy
+			if o.label != "" {
+				name = o.label
+			}
+			label := runLabel(name, spec)
+			s, _, err := bench(items, l, policy, label)
 			if err != nil {
 				return err
+			}
+			if o.label != "" {
+				s.Policy = o.label
 			}
 			s.Load, s.OfferedRate, s.Concurrency = spec.share, l.Rate, l.Concurrency
 			if l.Open {
@@ -348,10 +351,72 @@ func (o *options) check() error {
 	return nil
 }
 
-// workload builds the requests every run sends, and says what they are.
-func (o *options) workload() ([]Item, string, error) {
+// measureCapacity is the steady throughput of a closed loop of
+// --saturation-concurrency clients (256 per rank by default): against an
+// endpoint, of the workload itself; simulated, of one rank on a workload
+// twenty times the clients, times the ranks (a closed loop that saturates
+// hundreds of ranks would need millions of requests).
+func (o *options) measureCapacity(ctx context.Context, bench func([]Item, Load, string, string) (Summary, []Outcome, error),
+	sm Simulation, policy string, base []Item, stdout io.Writer) (float64, error) {
+	conc := o.saturation
+	if conc == 0 {
+		conc = 256
+	}
+	var outs []Outcome
+	var err error
+	scale := 1.0
+	if o.simulate {
+		items, _, werr := o.workload(20*conc, o.seed+1)
+		if werr != nil {
+			return 0, werr
+		}
+		one := sm
+		one.Ranks = 1
+		_, outs, err = simulate(one, policy, items, Load{Concurrency: conc})
+		scale = float64(sm.Ranks)
+	} else {
+		_, outs, err = bench(slices.Clone(base), Load{Concurrency: conc, Timeout: o.timeout, Duration: o.duration}, policy, fmt.Sprintf("capacity (%d clients)", conc))
+	}
+	if err != nil {
+		return 0, err
+	}
+	per := steadyThroughput(outs)
+	if per <= 0 {
+		return 0, errors.New("measuring the capacity: no request completed while every client was busy; send more requests (--requests) or fewer clients (--saturation-concurrency)")
+	}
+	if o.simulate {
+		fmt.Fprintf(stdout, "capacity: %.2f requests/s = %d ranks × %.2f (one rank, closed loop of %d clients, %d requests)\n", per*scale, sm.Ranks, per, conc, len(outs))
+	} else {
+		fmt.Fprintf(stdout, "capacity: %.2f requests/s (closed loop of %d clients, %d requests)\n", per, conc, len(outs))
+	}
+	return per * scale, nil
+}
+
+// steadyThroughput is the throughput of a closed loop while all its
+// clients were busy: the requests that ended by the time the last one was
+// sent, over that time. The drain after it, when clients run out of work
+// and the longest requests finish alone, is left out.
+func steadyThroughput(outs []Outcome) float64 {
+	var last time.Duration
+	for _, o := range outs {
+		last = max(last, o.Start)
+	}
+	n := 0
+	for _, o := range outs {
+		if o.Err == "" && o.Start+o.E2E <= last {
+			n++
+		}
+	}
+	if last <= 0 {
+		return 0
+	}
+	return float64(n) / last.Seconds()
+}
+
+// workload builds n requests of the workload, and says what they are.
+func (o *options) workload(n int, seed uint64) ([]Item, string, error) {
 	if o.trace != "" {
-		items, err := LoadTrace(o.trace, o.traceBlock, o.traceSpeed, o.requests, o.maxModelLen)
+		items, err := LoadTrace(o.trace, o.traceBlock, o.traceSpeed, n, o.maxModelLen)
 		if err != nil {
 			return nil, "", err
 		}
@@ -368,8 +433,14 @@ func (o *options) workload() ([]Item, string, error) {
 	if o.prefixGroups < 0 || o.prefixLen < 0 {
 		return nil, "", errors.New("--prefix-groups and --prefix-len must not be negative")
 	}
-	s := Synthetic{Requests: o.requests, Input: in, Output: out, PrefixGroups: o.prefixGroups, PrefixLen: o.prefixLen, MaxModelLen: o.maxModelLen, Seed: o.seed}
-	describe := fmt.Sprintf("synthetic, %d requests, prompts %s, outputs %s", o.requests, in, out)
+	if o.inputMax < 0 || o.outputMax < 0 {
+		return nil, "", errors.New("--input-max and --output-max must not be negative")
+	}
+	s := Synthetic{Requests: n, Input: in, Output: out, InputMax: o.inputMax, OutputMax: o.outputMax, PrefixGroups: o.prefixGroups, PrefixLen: o.prefixLen, MaxModelLen: o.maxModelLen, Seed: seed}
+	describe := fmt.Sprintf("synthetic, %d requests, prompts %s, outputs %s", n, in, out)
+	if o.inputMax > 0 || o.outputMax > 0 {
+		describe += fmt.Sprintf(" (cut at %d and %d)", o.inputMax, o.outputMax)
+	}
 	if o.prefixGroups > 0 {
 		describe += fmt.Sprintf(", each after one of %d shared %d-token prefixes", o.prefixGroups, o.prefixLen)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -145,5 +146,51 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		if err := cmd.Execute(); err == nil {
 			t.Errorf("dpbench %v: accepted", args)
 		}
+	}
+}
+
+// TestBareServerIsAnEndpoint: dpbench loads the bare baseline as it loads
+// dpnode, and gets every token.
+func TestBareServerIsAnEndpoint(t *testing.T) {
+	srv := httptest.NewServer(bareHandler("bare-model"))
+	defer srv.Close()
+	rep, _ := runArgs(t, "--url", srv.URL, "--metrics-url", "none", "--concurrency", "4", "--requests", "40", "--output-len", "fixed:16", "--input-len", "fixed:8")
+	s := rep.Runs[0]
+	if s.Completed != 40 || s.OutputTokenThroughput <= 0 || s.ITL.P50 < 0 {
+		t.Fatalf("%+v", s)
+	}
+}
+
+// TestPlotMergesResultFiles draws the runs of two --label'd result files
+// in one plot, one line each.
+func TestPlotMergesResultFiles(t *testing.T) {
+	dir := t.TempDir()
+	var files []string
+	for _, label := range []string{"first", "second"} {
+		rep := report{Runs: []Summary{
+			{Label: label + " a", Policy: label, Load: 0.5, TTFT: Percentiles{P50: 10, P99: 40}, ITL: Percentiles{P50: 5, P99: 9}},
+			{Label: label + " b", Policy: label, Load: 0.8, TTFT: Percentiles{P50: 12, P99: 90}, ITL: Percentiles{P50: 6, P99: 15}},
+		}}
+		b, _ := json.Marshal(rep)
+		f := filepath.Join(dir, label+".json")
+		if err := os.WriteFile(f, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	svg := filepath.Join(dir, "both.svg")
+	cmd := newCommand()
+	var stdout bytes.Buffer
+	cmd.SetOut(&stdout)
+	cmd.SetArgs(append([]string{"plot", "--out", svg}, files...))
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil || !bytes.Contains(b, []byte("first")) || !bytes.Contains(b, []byte("second")) {
+		t.Fatalf("the plot names both targets: %v", err)
+	}
+	if strings.Count(stdout.String(), "first") != 2 {
+		t.Fatalf("table:\n%s", stdout.String())
 	}
 }

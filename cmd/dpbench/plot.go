@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"image/color"
 	"math"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
@@ -172,4 +174,37 @@ func (logTicks) Ticks(lo, hi float64) []plot.Tick {
 		}
 	}
 	return ticks
+}
+
+// newPlotCommand is "dpbench plot": one plot, and one table, of the runs
+// of several --out files (say, one per server or policy, each --label'd).
+func newPlotCommand() *cobra.Command {
+	var out, title string
+	cmd := &cobra.Command{
+		Use:   "plot RESULTS.json...",
+		Short: "Draw the runs of several result files in one plot",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, files []string) error {
+			var runs []Summary
+			for _, f := range files {
+				b, err := os.ReadFile(f)
+				if err != nil {
+					return err
+				}
+				var rep report
+				if err := json.Unmarshal(b, &rep); err != nil {
+					return fmt.Errorf("%s: %w", f, err)
+				}
+				runs = append(runs, rep.Runs...)
+			}
+			printTable(cmd.OutOrStdout(), runs)
+			if out == "" {
+				return nil
+			}
+			return savePlot(out, title, runs)
+		},
+	}
+	cmd.Flags().StringVar(&out, "out", "", "the plot (.svg, .png or .pdf)")
+	cmd.Flags().StringVar(&title, "title", "", "the plot's title")
+	return cmd
 }

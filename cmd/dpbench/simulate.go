@@ -20,11 +20,11 @@ type Simulation struct {
 
 // simulate runs items on the simulated deployment with the named policy,
 // under load l: at the items' arrival times, or in a closed loop.
-func simulate(sm Simulation, policy string, items []Item, l Load) (Summary, error) {
+func simulate(sm Simulation, policy string, items []Item, l Load) (Summary, []Outcome, error) {
 	cfg := sm.Profile.SchedulerConfig()
 	pol, err := dp.NewPolicy(policy, dp.PolicyConfig{APIServers: 1, StepTokens: cfg.MaxNumBatchedTokens, Seed: sm.Seed})
 	if err != nil {
-		return Summary{}, err
+		return Summary{}, nil, err
 	}
 	reqs := make([]vsim.Request, len(items))
 	for i, it := range items {
@@ -38,7 +38,7 @@ func simulate(sm Simulation, policy string, items []Item, l Load) (Summary, erro
 	res, err := vsim.Run(vsim.Config{Ranks: sm.Ranks, Profile: sm.Profile, Scheduler: cfg, Policy: pol,
 		ExpertParallel: sm.ExpertParallel, RanksPerNode: sm.RanksPerNode, Concurrency: conc}, reqs)
 	if err != nil {
-		return Summary{}, err
+		return Summary{}, nil, err
 	}
 	outs := make([]Outcome, len(res.Requests))
 	prompt, cached := 0, 0
@@ -70,5 +70,5 @@ func simulate(sm Simulation, policy string, items []Item, l Load) (Summary, erro
 		served[fmt.Sprint(i)] = float64(r.Served)
 	}
 	s.Ranks = newSpread(served)
-	return s, nil
+	return s, outs, nil
 }

@@ -109,6 +109,8 @@ type Synthetic struct {
 	Requests int
 	Input    Dist
 	Output   Dist
+	// InputMax and OutputMax cut the drawn lengths (0: no cut).
+	InputMax, OutputMax int
 	// PrefixGroups > 0 gives every prompt one of that many shared
 	// prefixes of PrefixLen tokens, chosen at random, ahead of its own
 	// Input tokens.
@@ -128,10 +130,17 @@ func (s Synthetic) Generate() []Item {
 		if s.PrefixGroups > 0 {
 			prompt = append(prompt, tokens(uint64(rng.IntN(s.PrefixGroups))+1<<40, s.PrefixLen)...)
 		}
-		prompt = append(prompt, tokens(rng.Uint64(), s.Input.Sample(rng))...)
-		items[i] = Item{Prompt: prompt, MaxTokens: s.Output.Sample(rng)}
+		prompt = append(prompt, tokens(rng.Uint64(), capAt(s.Input.Sample(rng), s.InputMax))...)
+		items[i] = Item{Prompt: prompt, MaxTokens: capAt(s.Output.Sample(rng), s.OutputMax)}
 	}
 	return fit(items, s.MaxModelLen)
+}
+
+func capAt(v, most int) int {
+	if most > 0 {
+		return min(v, most)
+	}
+	return v
 }
 
 // tokens returns n token ids drawn from seed: the same seed, the same ids.

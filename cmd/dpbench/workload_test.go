@@ -187,3 +187,18 @@ func TestPercentilesAreNearestRank(t *testing.T) {
 		t.Fatal("percentiles of nothing")
 	}
 }
+
+// TestSteadyThroughputLeavesTheDrainOut: two clients, each request 1 s,
+// the last sent at 4 s, then one long straggler: the steady rate is 2/s.
+func TestSteadyThroughputLeavesTheDrainOut(t *testing.T) {
+	var outs []Outcome
+	for i := range 5 {
+		for range 2 {
+			outs = append(outs, Outcome{Start: time.Duration(i) * time.Second, E2E: time.Second})
+		}
+	}
+	outs[len(outs)-1].E2E = time.Minute
+	if got := steadyThroughput(outs); got != 2 {
+		t.Fatalf("steady throughput %v, want 2", got)
+	}
+}

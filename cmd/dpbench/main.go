@@ -58,6 +58,7 @@ type options struct {
 	title          string
 	quiet          bool
 	noStream       bool
+	detail         bool
 	simulate       bool
 	ranks          int
 	profile        string
@@ -125,6 +126,7 @@ and wave logic over --ranks simulated ranks in virtual time instead.`,
 	f.StringVar(&o.title, "title", "", "the plot's title")
 	f.BoolVar(&o.quiet, "quiet", false, "no progress bar")
 	f.BoolVar(&o.noStream, "no-stream", false, "ask for whole responses: end-to-end latency only, at the least client cost (TTFT then reads as E2E)")
+	f.BoolVar(&o.detail, "detail", false, "also write every request's timings to --out (start, TTFT, end-to-end, lengths, error)")
 	f.BoolVar(&o.simulate, "simulate", false, "run the virtual-time simulator instead of an endpoint")
 	f.IntVar(&o.ranks, "ranks", 4, "simulated data-parallel ranks")
 	f.StringVar(&o.profile, "sim-profile", "llama-3.1-8b-h100", "simulated model and GPU: "+strings.Join(sim.ProfileNames(dpnode.SimProfiles), ", ")+", or a profile .json")
@@ -241,9 +243,12 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 				name = o.label
 			}
 			label := runLabel(name, spec)
-			s, _, err := bench(items, l, policy, label)
+			s, outs, err := bench(items, l, policy, label)
 			if err != nil {
 				return err
+			}
+			if o.detail {
+				s.Requests = records(outs)
 			}
 			if o.label != "" {
 				s.Policy = o.label
@@ -355,7 +360,8 @@ func (o *options) check() error {
 // --saturation-concurrency clients (256 per rank by default): against an
 // endpoint, of the workload itself; simulated, of one rank on a workload
 // twenty times the clients, times the ranks (a closed loop that saturates
-// hundreds of ranks would need millions of requests).
+// hundreds of ranks would need millions of requests); with expert
+// parallelism, of the whole group on five times its clients.
 func (o *options) measureCapacity(ctx context.Context, bench func([]Item, Load, string, string) (Summary, []Outcome, error),
 	sm Simulation, policy string, base []Item, stdout io.Writer) (float64, error) {
 	conc := o.saturation
@@ -365,7 +371,16 @@ func (o *options) measureCapacity(ctx context.Context, bench func([]Item, Load, 
 	var outs []Outcome
 	var err error
 	scale := 1.0
-	if o.simulate {
+	switch {
+	case o.simulate && sm.ExpertParallel:
+		// Ranks in lockstep are not independent: each step waits for the
+		// slowest rank and pays the all-to-all, so the whole group runs.
+		items, _, werr := o.workload(5*conc*sm.Ranks, o.seed+1)
+		if werr != nil {
+			return 0, werr
+		}
+		_, outs, err = simulate(sm, policy, items, Load{Concurrency: conc * sm.Ranks})
+	case o.simulate:
 		items, _, werr := o.workload(20*conc, o.seed+1)
 		if werr != nil {
 			return 0, werr
@@ -374,7 +389,7 @@ func (o *options) measureCapacity(ctx context.Context, bench func([]Item, Load, 
 		one.Ranks = 1
 		_, outs, err = simulate(one, policy, items, Load{Concurrency: conc})
 		scale = float64(sm.Ranks)
-	} else {
+	default:
 		_, outs, err = bench(slices.Clone(base), Load{Concurrency: conc, Timeout: o.timeout, Duration: o.duration}, policy, fmt.Sprintf("capacity (%d clients)", conc))
 	}
 	if err != nil {
@@ -384,9 +399,12 @@ func (o *options) measureCapacity(ctx context.Context, bench func([]Item, Load, 
 	if per <= 0 {
 		return 0, errors.New("measuring the capacity: no request completed while every client was busy; send more requests (--requests) or fewer clients (--saturation-concurrency)")
 	}
-	if o.simulate {
+	switch {
+	case o.simulate && sm.ExpertParallel:
+		fmt.Fprintf(stdout, "capacity: %.2f requests/s (%d ranks in lockstep, closed loop of %d clients, %d requests)\n", per, sm.Ranks, conc*sm.Ranks, len(outs))
+	case o.simulate:
 		fmt.Fprintf(stdout, "capacity: %.2f requests/s = %d ranks × %.2f (one rank, closed loop of %d clients, %d requests)\n", per*scale, sm.Ranks, per, conc, len(outs))
-	} else {
+	default:
 		fmt.Fprintf(stdout, "capacity: %.2f requests/s (closed loop of %d clients, %d requests)\n", per, conc, len(outs))
 	}
 	return per * scale, nil

@@ -131,6 +131,34 @@ func TestSimulatedPolicies(t *testing.T) {
 	}
 }
 
+// Ranks in lockstep wait for the slowest and pay the all-to-all, so the
+// capacity of an expert-parallel group is measured on the whole group, and
+// comes out below that many independent ranks'.
+func TestExpertParallelCapacityIsTheGroups(t *testing.T) {
+	args := []string{"--simulate", "--ranks", "4", "--sim-profile", "qwen3-30b-a3b-h200", "--load", "0.5", "--requests", "40",
+		"--saturation-concurrency", "32", "--input-len", "lognormal:800,1", "--output-len", "lognormal:100,1"}
+	independent, _ := runArgs(t, args...)
+	lockstep, _ := runArgs(t, append(args, "--expert-parallel")...)
+	if lockstep.Capacity <= 0 || lockstep.Capacity >= independent.Capacity {
+		t.Fatalf("capacity in lockstep %.2f, independent %.2f; want 0 < lockstep < independent", lockstep.Capacity, independent.Capacity)
+	}
+}
+
+// --detail writes every request's timings, in the order sent.
+func TestDetailRecordsEveryRequest(t *testing.T) {
+	rep, _ := runArgs(t, "--simulate", "--ranks", "2", "--rate", "4", "--requests", "30", "--detail",
+		"--input-len", "fixed:300", "--output-len", "fixed:20")
+	rs := rep.Runs[0].Requests
+	if len(rs) != 30 {
+		t.Fatalf("%d records, want 30", len(rs))
+	}
+	for i, r := range rs {
+		if r.PromptTokens != 300 || r.OutputTokens != 20 || r.TTFTMs <= 0 || r.E2EMs < r.TTFTMs || (i > 0 && r.StartMs < rs[i-1].StartMs) {
+			t.Fatalf("record %d: %+v", i, r)
+		}
+	}
+}
+
 func TestBadFlagsSayWhy(t *testing.T) {
 	for _, args := range [][]string{
 		{},

@@ -102,6 +102,27 @@ type Summary struct {
 	DummyStepShare float64 `json:"dummy_step_share,omitempty"`
 	CachedShare    float64 `json:"cached_prompt_share,omitempty"`
 	SimWallS       float64 `json:"sim_wall_s,omitempty"`
+	// Requests holds every request's timings, with --detail.
+	Requests []Record `json:"requests,omitempty"`
+}
+
+// Record is one request's timings, in milliseconds from the run's start.
+type Record struct {
+	StartMs      float64 `json:"start_ms"`
+	TTFTMs       float64 `json:"ttft_ms"`
+	E2EMs        float64 `json:"e2e_ms"`
+	PromptTokens int     `json:"prompt_tokens"`
+	OutputTokens int     `json:"output_tokens"`
+	Err          string  `json:"error,omitempty"`
+}
+
+// records lists the outcomes' timings, in the order they were sent.
+func records(outs []Outcome) []Record {
+	rs := make([]Record, len(outs))
+	for i, o := range outs {
+		rs[i] = Record{StartMs: ms(o.Start), TTFTMs: ms(o.TTFT), E2EMs: ms(o.E2E), PromptTokens: o.PromptTokens, OutputTokens: o.OutputTokens, Err: o.Err}
+	}
+	return rs
 }
 
 // summarize computes a run's summary from its outcomes; gaps are the

@@ -4,12 +4,12 @@
 # ranks behind nginx least_conn; heavy-tailed lengths at 50, 80 and 95%
 # of the capacity the simulator measures for the same four ranks.
 source "$(dirname "$0")/common.sh"
-REQUESTS=${REQUESTS:-1500}
+REQUESTS=${REQUESTS:-3000}
 LOADS=${LOADS:-0.5,0.8,0.95}
 work=(--input-len lognormal:1000,1 --input-max 16384 --output-len lognormal:200,1 --output-max 2048 --requests "$REQUESTS" --seed 7)
 CAPACITY=${CAPACITY:-$("$DPBENCH" --simulate --ranks 4 "${work[@]}" --load 1 --requests 1 --quiet | awk '/^capacity:/ {print $2}')}
 echo "capacity of four ranks (simulated): $CAPACITY requests/s"
-for policy in live vllm round-robin p2c; do
+for policy in ${POLICIES:-live vllm round-robin p2c}; do
   "$DPNODE" join --host 127.0.0.1 --port 18000 --bind 127.0.0.1:17946 --data-parallel-rpc-port 0 \
     --gpus 4 --balance-policy "$policy" --log-level warn 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!)
   wait_http http://127.0.0.1:18000/health
@@ -18,6 +18,7 @@ for policy in live vllm round-robin p2c; do
   stop_all
 done
 # nginx least_conn in front of four external-mode ranks.
+if [ "${NGINX:-1}" = 1 ]; then
 seeds=127.0.0.61:7946
 for i in 0 1 2 3; do
   ip=127.0.0.6$((i + 1))
@@ -58,4 +59,5 @@ metrics=http://127.0.0.1:18100/metrics,http://127.0.0.1:18101/metrics,http://127
 "$DPBENCH" --url http://127.0.0.1:18080 --metrics-url "$metrics" --label "nginx least_conn" --capacity "$CAPACITY" --load "$LOADS" "${work[@]}" --quiet \
   --out "$OUT/balance-nginx.json"
 stop_all
+fi
 "$DPBENCH" plot "$OUT"/balance-*.json --out docs/bench/balance.svg --title "four ranks, real processes: lognormal prompts (median 1000) and outputs (median 200)"

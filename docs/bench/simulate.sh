@@ -4,8 +4,9 @@
 source "$(dirname "$0")/common.sh"
 work=(--input-len lognormal:1000,1 --input-max 16384 --output-len lognormal:200,1 --output-max 2048 --seed 7)
 for ranks in 4 64 512; do
-  # Arrivals over about 20 s of virtual time at 80% load.
-  requests=$((ranks * 150))
+  # Arrivals over about 20 s of virtual time at 80% load, and at least
+  # 8000 requests, so that a p99 rests on 80 of them.
+  requests=$((ranks * 150 > 8000 ? ranks * 150 : 8000))
   "$DPBENCH" --simulate --ranks "$ranks" --policy all --load 0.5,0.8,0.95 "${work[@]}" --requests "$requests" --quiet \
     --out "$OUT/sim-$ranks.json" --plot "docs/bench/sim-$ranks.svg" --title "simulated, $ranks ranks"
 done

@@ -329,6 +329,9 @@ type PrefixIndex struct {
 	// DefaultPrefixCapacity.
 	Capacity int
 	ranks    map[int]*rankBlocks
+	// holders counts the ranks that remember each block, so that a
+	// prompt no rank has seen is told in one lookup, not one per rank.
+	holders map[engine.BlockHash]int
 }
 
 // DefaultPrefixCapacity is about what one H100's KV cache holds of an 8B
@@ -343,6 +346,14 @@ type rankBlocks struct {
 // Match fills matched[i] with how many leading blocks of blocks ranks[i]
 // likely holds, and returns it.
 func (x *PrefixIndex) Match(blocks []engine.BlockHash, ranks []RankLoad, matched []int) []int {
+	if len(blocks) == 0 || x.holders[blocks[0]] == 0 {
+		// Block hashes chain, so a rank without the first block holds
+		// none of the prefix.
+		for range ranks {
+			matched = append(matched, 0)
+		}
+		return matched
+	}
 	for _, r := range ranks {
 		n := 0
 		if rb := x.ranks[r.Rank]; rb != nil {
@@ -362,6 +373,7 @@ func (x *PrefixIndex) Match(blocks []engine.BlockHash, ranks []RankLoad, matched
 func (x *PrefixIndex) Record(rank int, blocks []engine.BlockHash) {
 	if x.ranks == nil {
 		x.ranks = map[int]*rankBlocks{}
+		x.holders = map[engine.BlockHash]int{}
 	}
 	rb := x.ranks[rank]
 	if rb == nil {
@@ -370,6 +382,9 @@ func (x *PrefixIndex) Record(rank int, blocks []engine.BlockHash) {
 	}
 	rb.tick++
 	for _, h := range blocks {
+		if _, ok := rb.used[h]; !ok {
+			x.holders[h]++
+		}
 		rb.used[h] = rb.tick
 	}
 	capacity := x.Capacity
@@ -388,6 +403,7 @@ func (x *PrefixIndex) Record(rank int, blocks []engine.BlockHash) {
 		for h, t := range rb.used {
 			if t < cut {
 				delete(rb.used, h)
+				x.release(h)
 			}
 		}
 	}
@@ -395,7 +411,21 @@ func (x *PrefixIndex) Record(rank int, blocks []engine.BlockHash) {
 
 // Forget drops what is remembered of rank (its engine restarted with an
 // empty cache).
-func (x *PrefixIndex) Forget(rank int) { delete(x.ranks, rank) }
+func (x *PrefixIndex) Forget(rank int) {
+	if rb := x.ranks[rank]; rb != nil {
+		for h := range rb.used {
+			x.release(h)
+		}
+		delete(x.ranks, rank)
+	}
+}
+
+// release notes that one rank no longer remembers h.
+func (x *PrefixIndex) release(h engine.BlockHash) {
+	if x.holders[h]--; x.holders[h] <= 0 {
+		delete(x.holders, h)
+	}
+}
 
 // Forgetter is a policy that remembers something of each rank; Forget is
 // called when a rank's engine restarts.

@@ -254,3 +254,39 @@ func TestLiveLoadWeighsPendingPrefill(t *testing.T) {
 		t.Fatalf("picked %d with %d cached; want %d, which holds all 8,192 tokens", got, long.Cached, first)
 	}
 }
+
+// TestPrefixIndexMatchesEachRanksMemory: the shortcut for prompts no rank
+// has seen never hides a prefix that some rank remembers, through records,
+// trims and forgets.
+func TestPrefixIndexMatchesEachRanksMemory(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 5).Draw(t, "ranks")
+		x := &PrefixIndex{Capacity: rapid.IntRange(1, 12).Draw(t, "capacity")}
+		ranks := available(n)
+		for range rapid.IntRange(1, 60).Draw(t, "ops") {
+			req := NewRequest(prompt(rapid.IntRange(0, 4).Draw(t, "prefix"), rapid.IntRange(0, 120).Draw(t, "len")), 16)
+			rank := rapid.IntRange(0, n-1).Draw(t, "rank")
+			switch rapid.IntRange(0, 4).Draw(t, "op") {
+			case 0:
+				x.Forget(rank)
+			default:
+				x.Record(rank, req.Blocks)
+			}
+			got := x.Match(req.Blocks, ranks, nil)
+			for i, r := range ranks {
+				want := 0
+				if rb := x.ranks[r.Rank]; rb != nil {
+					for _, h := range req.Blocks {
+						if _, ok := rb.used[h]; !ok {
+							break
+						}
+						want++
+					}
+				}
+				if got[i] != want {
+					t.Fatalf("rank %d: matched %d blocks, remembers %d", r.Rank, got[i], want)
+				}
+			}
+		}
+	})
+}

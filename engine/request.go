@@ -72,6 +72,9 @@ type Request struct {
 	numCachedTokens int
 	firstScheduled  bool
 	reportedFirst   bool
+	// gone is set when the request leaves the scheduler (finished or
+	// aborted), possibly while a step that computes it is in flight.
+	gone bool
 	// newTokens collects this step's tokens until Update reports them.
 	newTokens []uint32
 }

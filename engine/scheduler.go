@@ -166,6 +166,7 @@ func (s *Scheduler) Abort(ids ...string) {
 
 func (s *Scheduler) remove(req *Request) {
 	delete(s.requests, req.id)
+	req.gone = true
 	s.kv.release(req)
 	s.waiting = slices.DeleteFunc(s.waiting, func(r *Request) bool { return r == req })
 	s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return r == req })
@@ -207,7 +208,8 @@ func (s *Scheduler) Schedule() *Batch {
 		panic("engine: Schedule called with a step in flight")
 	}
 	budget := s.cfg.MaxNumBatchedTokens
-	batch := &Batch{Step: s.stats.Steps + 1}
+	// Most steps take every running request and admit a few waiting.
+	batch := &Batch{Step: s.stats.Steps + 1, Requests: make([]ScheduledRequest, 0, len(s.running)+min(len(s.waiting), 8))}
 	preemptionsBefore := s.stats.NumPreemptions
 
 	for i := 0; i < len(s.running) && budget > 0; {
@@ -321,7 +323,7 @@ func (s *Scheduler) Update(batch *Batch, res StepResult) []Output {
 	outs := make([]Output, 0, len(scheduled))
 	finished := false
 	for i, req := range scheduled {
-		if s.requests[req.id] != req {
+		if req.gone {
 			continue
 		}
 		sr := &batch.Requests[i]
@@ -341,12 +343,13 @@ func (s *Scheduler) Update(batch *Batch, res StepResult) []Output {
 		if out.Finish != NotFinished {
 			finished = true
 			delete(s.requests, req.id)
+			req.gone = true
 			s.kv.release(req)
 		}
 		outs = append(outs, out)
 	}
 	if finished {
-		s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return s.requests[r.id] != r })
+		s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return r.gone })
 	}
 	return outs
 }

@@ -217,7 +217,7 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 		return nil, err
 	}
 	s := &simulation{cfg: cfg, reqs: reqs, exec: exec, start: time.Unix(0, 0), left: len(reqs),
-		out:   &Result{Requests: make([]Outcome, len(reqs)), Ranks: make([]RankResult, cfg.Ranks)},
+		out:   &Result{Requests: make([]Outcome, len(reqs)), Ranks: make([]RankResult, cfg.Ranks), ITL: make([]time.Duration, 0, gaps(reqs))},
 		loads: make([]dp.RankLoad, cfg.Ranks)}
 	for range cfg.Ranks {
 		sched, err := engine.NewScheduler(cfg.Scheduler)
@@ -278,6 +278,15 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 		s.out.Ranks[i].Preemptions = r.sched.Stats().NumPreemptions
 	}
 	return s.out, nil
+}
+
+// gaps is how many inter-token gaps reqs will have at most.
+func gaps(reqs []Request) int {
+	n := 0
+	for _, r := range reqs {
+		n += max(r.MaxTokens-1, 0)
+	}
+	return n
 }
 
 func (s *simulation) push(ev event) {

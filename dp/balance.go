@@ -144,7 +144,7 @@ type LiveLoad struct {
 	// StepTokens is the engines' token budget per step
 	// (--max-num-batched-tokens).
 	StepTokens int
-	next       int
+	rotor      rotor
 	prefix     PrefixIndex
 	matched    []int
 }
@@ -172,14 +172,8 @@ func (p *LiveLoad) Pick(req *Request, ranks []RankLoad) int {
 	if useAffinity {
 		p.matched = p.prefix.Match(req.Blocks, ranks, p.matched[:0])
 	}
-	best, bestScore := -1, 0.0
-	n := len(ranks)
-	for k := range n {
-		i := (p.next + k) % n
+	best := p.rotor.least(ranks, func(i int) float64 {
 		r := &ranks[i]
-		if !r.Available {
-			continue
-		}
 		s := liveScore(r)
 		cached := 0
 		if useAffinity {
@@ -196,14 +190,11 @@ func (p *LiveLoad) Pick(req *Request, ranks []RankLoad) int {
 			}
 			s += p.PrefillWeight * float64(r.PendingPrefill+own) / float64(p.StepTokens)
 		}
+		return s
+	}, func(i, best int) bool {
 		// At equal load the longer cached prefix wins.
-		if best < 0 || s < bestScore || (s == bestScore && useAffinity && p.matched[i] > p.matched[best]) {
-			best, bestScore = i, s
-		}
-	}
-	if n > 0 {
-		p.next = (p.next + 1) % n
-	}
+		return useAffinity && p.matched[i] > p.matched[best]
+	})
 	if useAffinity && best >= 0 {
 		req.Cached = min(p.matched[best]*req.BlockSize, req.PromptTokens)
 		p.prefix.Record(ranks[best].Rank, req.Blocks)
@@ -231,7 +222,7 @@ type SnapshotScore struct {
 	ClientCount int
 	seq         uint64
 	bumps       []int
-	next        int
+	rotor       rotor
 }
 
 // Pick implements Policy.
@@ -246,23 +237,37 @@ func (p *SnapshotScore) Pick(_ *Request, ranks []RankLoad) int {
 			break
 		}
 	}
-	best, bestScore := -1, 0
+	best := p.rotor.least(ranks, func(i int) float64 {
+		return float64(4*(ranks[i].SnapshotWaiting+p.bumps[i]) + ranks[i].SnapshotRunning)
+	}, nil)
+	if best >= 0 {
+		p.bumps[best] += max(p.ClientCount, 1)
+	}
+	return best
+}
+
+// rotor picks the available rank of least score, looking from a start
+// that moves on by one each pick, so that ties rotate over the ranks.
+type rotor struct{ next int }
+
+// least returns the index of the available rank with the least score,
+// where tie, when not nil, may prefer i to an equal best; -1 when no rank
+// is available.
+func (o *rotor) least(ranks []RankLoad, score func(i int) float64, tie func(i, best int) bool) int {
+	best, bestScore := -1, 0.0
 	n := len(ranks)
 	for k := range n {
-		i := (p.next + k) % n
-		r := &ranks[i]
-		if !r.Available {
+		i := (o.next + k) % n
+		if !ranks[i].Available {
 			continue
 		}
-		if s := 4*(r.SnapshotWaiting+p.bumps[i]) + r.SnapshotRunning; best < 0 || s < bestScore {
+		s := score(i)
+		if best < 0 || s < bestScore || (s == bestScore && tie != nil && tie(i, best)) {
 			best, bestScore = i, s
 		}
 	}
 	if n > 0 {
-		p.next = (p.next + 1) % n
-	}
-	if best >= 0 {
-		p.bumps[best] += max(p.ClientCount, 1)
+		o.next = (o.next + 1) % n
 	}
 	return best
 }

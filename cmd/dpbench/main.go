@@ -368,46 +368,51 @@ func (o *options) measureCapacity(ctx context.Context, bench func([]Item, Load, 
 	if conc == 0 {
 		conc = 256
 	}
-	var outs []Outcome
-	var err error
-	scale := 1.0
-	switch {
-	case o.simulate && sm.ExpertParallel:
-		// Ranks in lockstep are not independent: each step waits for the
-		// slowest rank and pays the all-to-all, so the whole group runs.
-		items, _, werr := o.workload(5*conc*sm.Ranks, o.seed+1)
-		if werr != nil {
-			return 0, werr
+	if !o.simulate {
+		_, outs, err := bench(slices.Clone(base), Load{Concurrency: conc, Timeout: o.timeout, Duration: o.duration}, policy, fmt.Sprintf("capacity (%d clients)", conc))
+		if err != nil {
+			return 0, err
 		}
-		_, outs, err = simulate(sm, policy, items, Load{Concurrency: conc * sm.Ranks})
-	case o.simulate:
-		items, _, werr := o.workload(20*conc, o.seed+1)
-		if werr != nil {
-			return 0, werr
+		per, err := capacityOf(outs)
+		if err == nil {
+			fmt.Fprintf(stdout, "capacity: %.2f requests/s (closed loop of %d clients, %d requests)\n", per, conc, len(outs))
 		}
-		one := sm
-		one.Ranks = 1
-		_, outs, err = simulate(one, policy, items, Load{Concurrency: conc})
-		scale = float64(sm.Ranks)
-	default:
-		_, outs, err = bench(slices.Clone(base), Load{Concurrency: conc, Timeout: o.timeout, Duration: o.duration}, policy, fmt.Sprintf("capacity (%d clients)", conc))
+		return per, err
 	}
+	// Independent ranks: one rank, times the ranks. Ranks in lockstep are
+	// not independent (each step waits for the slowest rank and pays the
+	// all-to-all), so the whole group runs.
+	run, clients, n, scale := sm, conc*sm.Ranks, 5*conc*sm.Ranks, 1.0
+	if !sm.ExpertParallel {
+		run.Ranks, clients, n, scale = 1, conc, 20*conc, float64(sm.Ranks)
+	}
+	items, _, err := o.workload(n, o.seed+1)
 	if err != nil {
 		return 0, err
 	}
-	per := steadyThroughput(outs)
-	if per <= 0 {
-		return 0, errors.New("measuring the capacity: no request completed while every client was busy; send more requests (--requests) or fewer clients (--saturation-concurrency)")
+	_, outs, err := simulate(run, policy, items, Load{Concurrency: clients})
+	if err != nil {
+		return 0, err
 	}
-	switch {
-	case o.simulate && sm.ExpertParallel:
-		fmt.Fprintf(stdout, "capacity: %.2f requests/s (%d ranks in lockstep, closed loop of %d clients, %d requests)\n", per, sm.Ranks, conc*sm.Ranks, len(outs))
-	case o.simulate:
-		fmt.Fprintf(stdout, "capacity: %.2f requests/s = %d ranks × %.2f (one rank, closed loop of %d clients, %d requests)\n", per*scale, sm.Ranks, per, conc, len(outs))
-	default:
-		fmt.Fprintf(stdout, "capacity: %.2f requests/s (closed loop of %d clients, %d requests)\n", per, conc, len(outs))
+	per, err := capacityOf(outs)
+	if err != nil {
+		return 0, err
+	}
+	if sm.ExpertParallel {
+		fmt.Fprintf(stdout, "capacity: %.2f requests/s (%d ranks in lockstep, closed loop of %d clients, %d requests)\n", per, sm.Ranks, clients, len(outs))
+	} else {
+		fmt.Fprintf(stdout, "capacity: %.2f requests/s = %d ranks × %.2f (one rank, closed loop of %d clients, %d requests)\n", per*scale, sm.Ranks, per, clients, len(outs))
 	}
 	return per * scale, nil
+}
+
+// capacityOf is the steady throughput of a saturated closed loop's
+// outcomes, or why there is none.
+func capacityOf(outs []Outcome) (float64, error) {
+	if per := steadyThroughput(outs); per > 0 {
+		return per, nil
+	}
+	return 0, errors.New("measuring the capacity: no request completed while every client was busy; send more requests (--requests) or fewer clients (--saturation-concurrency)")
 }
 
 // steadyThroughput is the throughput of a closed loop while all its

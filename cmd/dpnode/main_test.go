@@ -58,28 +58,7 @@ func TestContradictoryFlagsFailBeforeAnythingStarts(t *testing.T) {
 // the process to exit 0.
 func TestSIGTERMDrainsThenExitsZero(t *testing.T) {
 	bin := buildDpnode(t)
-	cmd := exec.Command(bin, "join", "--host", "127.0.0.1", "--port", "0", "--bind", "127.0.0.1:0", "--data-parallel-rpc-port", "0", "--sim-time-scale", "1")
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill() })
-	logs := bufio.NewReader(stderr)
-	urlRE := regexp.MustCompile(`url=(http://\S+)`)
-	var base string
-	for base == "" {
-		line, err := logs.ReadString('\n')
-		if err != nil {
-			t.Fatalf("no serving line in the log: %v", err)
-		}
-		if m := urlRE.FindStringSubmatch(line); m != nil {
-			base = m[1]
-		}
-	}
-	go func() { _, _ = io.Copy(io.Discard, logs) }()
+	base, cmd := startNode(t, bin, "--sim-time-scale", "1")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -6,7 +6,7 @@ export PATH := $(GOBIN):$(PATH)
 
 GO_FILES = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
 
-.PHONY: build run test lint proto proto-check tools bench chaos clean
+.PHONY: build run test lint proto proto-check tools bench chaos clean llamacpp llamacpp-test testmodel
 
 build:
 	go build -o bin/dpnode ./cmd/dpnode
@@ -49,6 +49,65 @@ chaos:
 
 bench:
 	go test -run '^$$' -bench . -benchtime 3s ./http/ ./engine/... ./actors/
+
+# The llama.cpp engine. llama.cpp comes from the npm package node-llama-cpp,
+# pinned: its prebuilt libraries (CPU by default; LLAMACPP_GPU=cuda adds the
+# CUDA build) and its source, a git bundle, for llama.h, the tokenizers and
+# the chat templates of the tests. Everything lands in .llamacpp/, and the
+# worker, linked to the libraries it finds in bin/llamacpp/, next to
+# bin/dpnode.
+NODE_LLAMA_CPP_VERSION ?= 3.21.1
+LLAMACPP_GPU           ?=
+LLAMACPP_HOME          ?= $(CURDIR)/.llamacpp
+LLAMACPP_NPM            = $(LLAMACPP_HOME)/npm/node_modules
+LLAMACPP_SRC           ?= $(LLAMACPP_HOME)/src
+LLAMACPP_LIBS           = $(LLAMACPP_NPM)/@node-llama-cpp/linux-x64$(if $(LLAMACPP_GPU),-$(LLAMACPP_GPU))/bins/linux-x64$(if $(LLAMACPP_GPU),-$(LLAMACPP_GPU))
+# The CUDA build names its libraries libllama.cuda.*; its -ext package has a
+# CUDA backend with the CUDA runtime inside, for machines without CUDA 13's.
+LLAMACPP_FLAVOUR        = $(if $(LLAMACPP_GPU),.$(LLAMACPP_GPU))
+LLAMACPP_FALLBACK       = $(LLAMACPP_NPM)/@node-llama-cpp/linux-x64-$(LLAMACPP_GPU)-ext/bins/linux-x64-$(LLAMACPP_GPU)/fallback
+LLAMACPP_CGO_CFLAGS     = -I$(LLAMACPP_SRC)/include -I$(LLAMACPP_SRC)/ggml/include
+LLAMACPP_CGO_LDFLAGS    = -L$(CURDIR)/bin/llamacpp -l:libllama$(LLAMACPP_FLAVOUR).v0.4.0.so -l:libggml$(LLAMACPP_FLAVOUR).v0.4.0.so -l:libggml-base.so -Wl,-rpath,$$ORIGIN/llamacpp
+
+$(LLAMACPP_NPM)/node-llama-cpp/package.json:
+	@command -v npm >/dev/null || { echo "make llamacpp needs npm (Debian: apt-get install npm)"; exit 1; }
+	mkdir -p $(LLAMACPP_HOME)/npm
+	test -f $(LLAMACPP_HOME)/npm/package.json || echo '{"private":true}' > $(LLAMACPP_HOME)/npm/package.json
+	cd $(LLAMACPP_HOME)/npm && npm install --save-exact --omit=optional --ignore-scripts --no-audit --no-fund \
+		node-llama-cpp@$(NODE_LLAMA_CPP_VERSION) @node-llama-cpp/linux-x64@$(NODE_LLAMA_CPP_VERSION) \
+		$(if $(LLAMACPP_GPU),@node-llama-cpp/linux-x64-$(LLAMACPP_GPU)@$(NODE_LLAMA_CPP_VERSION) @node-llama-cpp/linux-x64-$(LLAMACPP_GPU)-ext@$(NODE_LLAMA_CPP_VERSION))
+
+$(LLAMACPP_SRC)/include/llama.h: $(LLAMACPP_NPM)/node-llama-cpp/package.json
+	rm -rf $(LLAMACPP_SRC)
+	git clone --quiet $(LLAMACPP_NPM)/node-llama-cpp/llama/gitRelease.bundle $(LLAMACPP_SRC)
+
+llamacpp: $(LLAMACPP_SRC)/include/llama.h
+	rm -rf bin/llamacpp
+	mkdir -p bin/llamacpp
+	cp $(LLAMACPP_LIBS)/*.so bin/llamacpp/
+	$(if $(LLAMACPP_GPU),ldconfig -p | grep -q libcublas.so.13 || cp $(LLAMACPP_FALLBACK)/*.so bin/llamacpp/)
+	CGO_CFLAGS="$(LLAMACPP_CGO_CFLAGS)" CGO_LDFLAGS='$(LLAMACPP_CGO_LDFLAGS)' \
+		go build -tags llamacpp -o bin/dpnode-llama-worker ./cmd/dpnode-llama-worker
+	go build -o bin/dpnode ./cmd/dpnode
+	@echo "llama.cpp engine ready: bin/dpnode join --engine llamacpp --model FILE.gguf"
+
+# A random-weight model with Llama 3's tokenizer and chat template, as the
+# tests write it: no trained weights are needed to exercise the engine.
+TESTMODEL ?= $(LLAMACPP_HOME)/testmodel.gguf
+testmodel: $(LLAMACPP_SRC)/include/llama.h
+	go run ./cmd/dpnode testmodel --vocab $(LLAMACPP_SRC)/models/ggml-vocab-llama-bpe.gguf \
+		--chat-template $(LLAMACPP_SRC)/models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja --out $(TESTMODEL)
+
+# The tests of the llama.cpp engine: they need make llamacpp's worker, the
+# bundle's tokenizers and templates, and Python's jinja2 as the reference
+# renderer of chat templates. The rest of the suite is make test's.
+LLAMACPP_TEST_ENV = DPNODE_LLAMACPP_SRC=$(LLAMACPP_SRC) DPNODE_LLAMACPP_WORKER=$(CURDIR)/bin/dpnode-llama-worker \
+	CGO_CFLAGS="$(LLAMACPP_CGO_CFLAGS)" CGO_LDFLAGS='$(LLAMACPP_CGO_LDFLAGS)'
+llamacpp-test: llamacpp
+	$(LLAMACPP_TEST_ENV) go vet -tags llamacpp ./engine/llamacpp/... ./cmd/dpnode-llama-worker ./http/ ./cluster/
+	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m ./engine/llamacpp/...
+	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'ChatTemplates' ./http/
+	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m -run 'LlamaCpp' ./cluster/
 
 clean:
 	rm -rf bin

@@ -352,6 +352,7 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 		OutputTokenIds:  c.output,
 		EngineEpoch:     r.epoch.Load(),
 		ArrivalUnixNano: c.sub.Arrival.UnixNano(),
+		Attempt:         uint32(c.moves),
 	}
 	if a.cfg.ExpertParallel {
 		wave, notify := a.waves.Dispatch()
@@ -455,7 +456,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 	now := time.Now()
 	for _, o := range msg.Outputs {
 		c := a.calls[o.RequestId]
-		if c == nil || c.rank != r {
+		if c == nil || c.rank != r || o.Attempt != uint32(c.moves) {
 			continue
 		}
 		if n := len(o.NewTokenIds); n > 0 {

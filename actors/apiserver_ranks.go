@@ -127,6 +127,19 @@ func (a *APIServerActor) engineReady(ctx actor.Context, msg *dpnodev1.EngineRead
 // the requests still queued in its mailbox: they are being moved here.
 func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 	r := a.byRank[msg.rank]
+	if startErr, ok := msg.reason.(*StartError); ok && !a.allReady {
+		// A rank that could not start before the node served at all would
+		// fail the same way again: the node does not start.
+		r.failed = true
+		r.metrics.failed.Set(1)
+		a.cfg.Logger.Error("engine could not start", "rank", r.rank, "error", startErr.Err)
+		for _, w := range a.readyWaiters {
+			ctx.Send(w, &ready{err: startErr})
+		}
+		a.readyWaiters = nil
+		msg.stop()
+		return
+	}
 	r.epoch.Add(1)
 	r.ready = false
 	r.stats = nil
@@ -217,6 +230,7 @@ func (a *APIServerActor) applyStats(r *rankState, st *dpnodev1.EngineStats) {
 		prev = &dpnodev1.EngineStats{}
 	}
 	m.steps.Add(float64(st.Step - prev.Step))
+	m.computed.Add(float64(st.ComputedTokens - prev.ComputedTokens))
 	m.prefixQueries.Add(float64(st.PrefixCacheQueries - prev.PrefixCacheQueries))
 	m.prefixHits.Add(float64(st.PrefixCacheHits - prev.PrefixCacheHits))
 	m.preemptions.Add(float64(st.NumPreemptions - prev.NumPreemptions))

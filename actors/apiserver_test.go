@@ -31,11 +31,11 @@ func rankZeroDiesForGood(cfg *NodeConfig) {
 	cfg.ParkTimeout = 300 * time.Millisecond
 	inner := cfg.NewExecutor
 	var built atomic.Int32
-	cfg.NewExecutor = func(rank int, dev gpu.Device) (engine.Executor, error) {
+	cfg.NewExecutor = func(ctx context.Context, rank int, dev gpu.Device) (engine.Executor, error) {
 		if rank == 0 && built.Add(1) > 1 {
 			return nil, errors.New("injected: the GPU is gone")
 		}
-		return inner(rank, dev)
+		return inner(ctx, rank, dev)
 	}
 }
 
@@ -46,7 +46,7 @@ func TestRequestsPinnedToADeadRankFailClearly(t *testing.T) {
 	tn := startTestNode(t, 2, 0.01, 0, 1, rankZeroDiesForGood)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	tok := tn.tok.Encode("pinned to a rank that will not come back")
+	tok := tn.tok.Tokens("pinned to a rank that will not come back")
 	var streams []*Stream
 	for i := range 4 {
 		s := NewStream()
@@ -82,7 +82,7 @@ func TestParkedDeadlineSurvivesOtherRanksRestarting(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s := NewStream()
-	tn.Submit(&Submission{ID: "pinned", Prompt: tn.tok.Encode("x"), Sampling: engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}, Rank: 0, Stream: s, Arrival: time.Now()})
+	tn.Submit(&Submission{ID: "pinned", Prompt: tn.tok.Tokens("x"), Sampling: engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}, Rank: 0, Stream: s, Arrival: time.Now()})
 	// Rank 1 "restarts" every 50 ms, as a crash-looping rank would.
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -123,7 +123,7 @@ func TestNodeFailsWhenItsAPIServerIsGoneForGood(t *testing.T) {
 		t.Fatal("the node did not notice that its API server stopped")
 	}
 	s := NewStream()
-	tn.Submit(&Submission{ID: "late", Prompt: tn.tok.Encode("x"), Sampling: engine.SamplingParams{MaxTokens: 1}, Rank: AnyRank, Stream: s, Arrival: time.Now()})
+	tn.Submit(&Submission{ID: "late", Prompt: tn.tok.Tokens("x"), Sampling: engine.SamplingParams{MaxTokens: 1}, Rank: AnyRank, Stream: s, Arrival: time.Now()})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if r := collect(ctx, s); !errors.Is(r.err, ErrAPIServerGone) {
@@ -168,7 +168,7 @@ func TestRankThatCrashesTooOftenIsStopped(t *testing.T) {
 	})
 	// The first request to rank 0 crashes it; its restarts then fail.
 	first := NewStream()
-	tn.Submit(&Submission{ID: "first", Prompt: tn.tok.Encode("crash it"), Sampling: engine.SamplingParams{MaxTokens: 2}, Rank: 0, Stream: first, Arrival: time.Now()})
+	tn.Submit(&Submission{ID: "first", Prompt: tn.tok.Tokens("crash it"), Sampling: engine.SamplingParams{MaxTokens: 2}, Rank: 0, Stream: first, Arrival: time.Now()})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if r := collect(ctx, first); !errors.Is(r.err, ErrRankFailed) {
@@ -190,7 +190,7 @@ func TestRankThatCrashesTooOftenIsStopped(t *testing.T) {
 		}
 	}
 	late := NewStream()
-	tn.Submit(&Submission{ID: "late", Prompt: tn.tok.Encode("x"), Sampling: engine.SamplingParams{MaxTokens: 1}, Rank: 0, Stream: late, Arrival: time.Now()})
+	tn.Submit(&Submission{ID: "late", Prompt: tn.tok.Tokens("x"), Sampling: engine.SamplingParams{MaxTokens: 1}, Rank: 0, Stream: late, Arrival: time.Now()})
 	if r := collect(ctx, late); !errors.Is(r.err, ErrRankFailed) {
 		t.Fatalf("pinned to the failed rank: %v", r.err)
 	}
@@ -205,7 +205,7 @@ func TestLostRequestIsSentAgain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	s := NewStream()
-	prompt := tn.tok.Encode("lost on the way")
+	prompt := tn.tok.Tokens("lost on the way")
 	sp := engine.SamplingParams{MaxTokens: 200, IgnoreEOS: true}
 	tn.Submit(&Submission{ID: "lost", Prompt: prompt, Sampling: sp, Rank: AnyRank, Stream: s, Arrival: time.Now()})
 	first, err := s.Next(ctx, nil)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -21,8 +22,10 @@ type EngineConfig struct {
 	Device    string
 	Scheduler engine.SchedulerConfig
 	// NewExecutor builds the rank's executor each time the engine starts,
-	// so a restart after a crash starts from a clean executor too.
-	NewExecutor func() (engine.Executor, error)
+	// so a restart after a crash starts from a clean executor too. It runs
+	// off the mailbox (loading a model takes a while) and must return
+	// when ctx is done.
+	NewExecutor func(ctx context.Context) (engine.Executor, error)
 	// ExpertParallel makes the rank step in lockstep waves with every
 	// rank of the group (a MoE model with --enable-expert-parallel).
 	ExpertParallel bool
@@ -50,6 +53,11 @@ type EngineActor struct {
 	exec     engine.Executor
 	stepCtx  context.Context
 	stopStep context.CancelFunc
+	// starting is the executor start in progress; the engine takes
+	// requests once it has started.
+	starting *executorStarted
+	// early holds requests that came before the executor started.
+	early []earlyRequest
 	// inFlight is the batch of the running step, nil when idle.
 	inFlight *engine.Batch
 	// coordinator receives the stats when they change; nil while no
@@ -81,6 +89,36 @@ type clientOutputs struct {
 	outputs []*dpnodev1.RequestOutput
 }
 
+// executorStarted reports the executor's start back to the mailbox.
+type executorStarted struct {
+	exec engine.Executor
+	err  error
+}
+
+// executorExited reports that an executor's process exited on its own.
+type executorExited struct {
+	exec engine.Executor
+}
+
+type earlyRequest struct {
+	msg    *dpnodev1.AddRequest
+	sender *actor.PID
+}
+
+// StartError is why an engine could not start its executor: a model that
+// cannot load. The supervisor does not restart an engine that never
+// started, since it would fail the same way.
+type StartError struct {
+	Rank int
+	Err  error
+}
+
+func (e *StartError) Error() string {
+	return fmt.Sprintf("engine rank %d could not start: %v", e.Rank, e.Err)
+}
+
+func (e *StartError) Unwrap() error { return e.Err }
+
 // stepDone reports a finished step back to the engine's mailbox.
 type stepDone struct {
 	batch *engine.Batch
@@ -104,15 +142,38 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		e.start(ctx)
+		return
 	case *actor.Stopping, *actor.Restarting:
-		if e.stopStep != nil {
-			e.stopStep()
+		e.stop()
+		return
+	case *executorStarted:
+		e.executorStarted(ctx, msg)
+		return
+	case *executorExited:
+		if msg.exec == e.exec {
+			panic(fmt.Errorf("engine rank %d: the model worker exited: %w", e.cfg.Rank, e.exec.(engine.Process).Err()))
+		}
+		return
+	case *setCoordinator:
+		e.coordinator, e.coordEpoch, e.sentOnce = msg.pid, msg.epoch, false
+		if e.sched == nil {
+			return
+		}
+		if e.inFlight == nil {
+			e.reportStats(ctx, nil)
 		}
 		if e.waves != nil {
-			e.waves.stopTimer()
+			e.waves.join(ctx, e)
 		}
+		return
+	}
+	if e.sched == nil {
+		e.receiveStarting(ctx)
+		return
+	}
+	switch msg := ctx.Message().(type) {
 	case *dpnodev1.AddRequest:
-		e.add(ctx, msg)
+		e.add(ctx, msg, ctx.Sender())
 	case *dpnodev1.ListRequests:
 		asker := ctx.Sender()
 		ctx.Respond(&dpnodev1.RequestList{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch,
@@ -124,14 +185,6 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 		}
 	case *stepDone:
 		e.finishStep(ctx, msg)
-	case *setCoordinator:
-		e.coordinator, e.coordEpoch, e.sentOnce = msg.pid, msg.epoch, false
-		if e.inFlight == nil {
-			e.reportStats(ctx, nil)
-		}
-		if e.waves != nil {
-			e.waves.join(ctx, e)
-		}
 	case *dpnodev1.StartWave, *dpnodev1.StepReport, *dpnodev1.GroupChanged, *collectiveTick:
 		if e.waves != nil {
 			e.waves.receive(ctx, e, msg)
@@ -139,25 +192,115 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 	}
 }
 
+// start starts the executor off the mailbox: a model worker takes seconds
+// to load its model.
 func (e *EngineActor) start(ctx actor.Context) {
-	sched, err := engine.NewScheduler(e.cfg.Scheduler)
-	if err != nil {
-		panic(fmt.Errorf("engine rank %d: %w", e.cfg.Rank, err))
-	}
-	exec, err := e.cfg.NewExecutor()
-	if err != nil {
-		panic(fmt.Errorf("engine rank %d: starting the executor: %w", e.cfg.Rank, err))
-	}
-	e.sched, e.exec = sched, exec
 	e.stepCtx, e.stopStep = context.WithCancel(context.Background())
+	started := &executorStarted{}
+	e.starting = started
+	newExec, stepCtx, self, root := e.cfg.NewExecutor, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
+	go func() {
+		defer func() {
+			if r := recover(); r != nil {
+				started.exec, started.err = nil, fmt.Errorf("starting the executor panicked: %v", r)
+			}
+			root.Send(self, started)
+		}()
+		started.exec, started.err = newExec(stepCtx)
+	}()
+}
+
+// stop ends the engine's step and its executor; a model worker is killed
+// and waited for, so that its successor finds the device free.
+func (e *EngineActor) stop() {
+	if e.stopStep != nil {
+		e.stopStep()
+	}
+	if e.waves != nil {
+		e.waves.stopTimer()
+	}
+	closeExecutor(e.exec)
+	e.exec = nil
+}
+
+func closeExecutor(exec engine.Executor) {
+	if p, ok := exec.(engine.Process); ok {
+		_ = p.Close()
+	}
+}
+
+func (e *EngineActor) executorStarted(ctx actor.Context, msg *executorStarted) {
+	if msg != e.starting || e.stepCtx.Err() != nil {
+		// The start of an earlier incarnation, or of one that stopped.
+		closeExecutor(msg.exec)
+		return
+	}
+	e.starting = nil
+	if msg.err != nil {
+		panic(&StartError{Rank: e.cfg.Rank, Err: msg.err})
+	}
+	cfg := e.cfg.Scheduler
+	if l, ok := msg.exec.(engine.Limited); ok {
+		var err error
+		if cfg, err = cfg.WithLimits(l.Limits()); err != nil {
+			closeExecutor(msg.exec)
+			panic(&StartError{Rank: e.cfg.Rank, Err: err})
+		}
+	}
+	sched, err := engine.NewScheduler(cfg)
+	if err != nil {
+		closeExecutor(msg.exec)
+		panic(&StartError{Rank: e.cfg.Rank, Err: err})
+	}
+	e.sched, e.exec = sched, msg.exec
+	if p, ok := e.exec.(engine.Process); ok {
+		exec, stepCtx, self, root := e.exec, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
+		go func() {
+			select {
+			case <-p.Done():
+				root.Send(self, &executorExited{exec: exec})
+			case <-stepCtx.Done():
+			}
+		}()
+	}
 	if e.cfg.ExpertParallel {
 		e.waves = newEngineWaves(e.cfg.Rank, ctx.Self().Address)
 	}
 	ctx.Send(ctx.Parent(), &dpnodev1.EngineReady{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch})
 	e.reportStats(ctx, nil)
+	if e.coordinator != nil && e.waves != nil {
+		e.waves.join(ctx, e)
+	}
+	early := e.early
+	e.early = nil
+	for _, r := range early {
+		e.add(ctx, r.msg, r.sender)
+	}
 }
 
-func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest) {
+// receiveStarting handles what comes before the executor has started:
+// requests wait for it, and nothing else concerns an engine with no
+// requests.
+func (e *EngineActor) receiveStarting(ctx actor.Context) {
+	switch msg := ctx.Message().(type) {
+	case *dpnodev1.AddRequest:
+		if msg.EngineEpoch == e.epoch {
+			e.early = append(e.early, earlyRequest{msg: msg, sender: ctx.Sender()})
+		}
+	case *dpnodev1.ListRequests:
+		ids := []string{}
+		for _, r := range e.early {
+			if r.sender != nil && r.sender.Equal(ctx.Sender()) {
+				ids = append(ids, r.msg.RequestId)
+			}
+		}
+		ctx.Respond(&dpnodev1.RequestList{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch, RequestIds: ids})
+	case *dpnodev1.AbortRequests:
+		e.early = slices.DeleteFunc(e.early, func(r earlyRequest) bool { return slices.Contains(msg.RequestIds, r.msg.RequestId) })
+	}
+}
+
+func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest, sender *actor.PID) {
 	if msg.EngineEpoch != e.epoch {
 		return
 	}
@@ -167,16 +310,18 @@ func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest) {
 		Output:   msg.OutputTokenIds,
 		Sampling: samplingFromWire(msg.Sampling),
 		Arrival:  time.Unix(0, msg.ArrivalUnixNano),
-		Client:   ctx.Sender(),
+		Client:   sender,
+		Attempt:  msg.Attempt,
 	})
 	if err != nil {
-		ctx.Send(ctx.Sender(), &dpnodev1.StepOutputs{
+		ctx.Send(sender, &dpnodev1.StepOutputs{
 			Rank:        uint32(e.cfg.Rank),
 			EngineEpoch: e.epoch,
 			Outputs: []*dpnodev1.RequestOutput{{
 				RequestId:    msg.RequestId,
 				FinishReason: dpnodev1.FinishReason_FINISH_REASON_ERROR,
 				Error:        err.Error(),
+				Attempt:      msg.Attempt,
 			}},
 		})
 		return
@@ -261,6 +406,7 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 			NewTokenIds:     o.NewTokens,
 			FinishReason:    o.Finish,
 			NumCachedTokens: uint32(o.NumCachedTokens),
+			Attempt:         o.Attempt,
 		})
 	}
 	e.reportStats(ctx, clients)
@@ -288,6 +434,7 @@ func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs) {
 			PrefixCacheHits:    st.PrefixHits,
 			NumPreemptions:     st.NumPreemptions,
 			Step:               st.Steps,
+			ComputedTokens:     st.ComputedTokens,
 		}
 		if e.waves != nil {
 			wire.Wave, wire.WaveRunning = e.waves.w.Wave()
@@ -342,6 +489,7 @@ func samplingFromWire(s *dpnodev1.SamplingParams) engine.SamplingParams {
 		MinTokens:    int(s.MinTokens),
 		Temperature:  s.Temperature,
 		TopP:         s.TopP,
+		TopK:         int(s.TopK),
 		Seed:         s.Seed,
 		IgnoreEOS:    s.IgnoreEos,
 		StopTokenIDs: s.StopTokenIds,
@@ -354,6 +502,7 @@ func samplingToWire(s engine.SamplingParams) *dpnodev1.SamplingParams {
 		MinTokens:    uint32(s.MinTokens),
 		Temperature:  s.Temperature,
 		TopP:         s.TopP,
+		TopK:         int32(s.TopK),
 		Seed:         s.Seed,
 		IgnoreEos:    s.IgnoreEOS,
 		StopTokenIds: s.StopTokenIDs,

@@ -47,7 +47,10 @@ type Outcome struct {
 // engines have started.
 type awaitReady struct{}
 
-type ready struct{}
+// ready answers awaitReady; err says why an engine could not start.
+type ready struct {
+	err error
+}
 
 // reconcile fires when an API server checks its calls on remote ranks.
 type reconcile struct{}

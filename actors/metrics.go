@@ -29,6 +29,7 @@ type Metrics struct {
 	promptTokens, generation  *prometheus.CounterVec
 	prefixQueries, prefixHits *prometheus.CounterVec
 	preemptions, steps        *prometheus.CounterVec
+	computed                  *prometheus.CounterVec
 	ttft, itl, e2e            *prometheus.HistogramVec
 	restarts, migrated        *prometheus.CounterVec
 	redispatched, failed      *prometheus.CounterVec
@@ -65,6 +66,7 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 		prefixHits:    counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in tokens."),
 		preemptions:   counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine."),
 		steps:         counter("dpnode_engine_steps_total", "Engine steps run."),
+		computed:      counter("dpnode_engine_computed_tokens_total", "Tokens the model computed, as its executor counted them: prefix-cache hits are not computed again."),
 		ttft:          hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
 		itl:           hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itlBuckets),
 		e2e:           hist("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", e2eBuckets),
@@ -92,7 +94,7 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 			Help: "Load snapshots published by this node's coordinator."}),
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.success, m.promptTokens, m.generation,
-		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.ttft, m.itl, m.e2e, m.restarts,
+		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.computed, m.ttft, m.itl, m.e2e, m.restarts,
 		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.engineFailed, m.parked, m.snapshots,
 		m.waves, m.dummySteps, m.waveDuration, m.balance, m.collectiveWait, m.waveStart)
 	return m
@@ -126,6 +128,7 @@ type rankMetrics struct {
 	generation                prometheus.Counter
 	prefixQueries, prefixHits prometheus.Counter
 	preemptions, steps        prometheus.Counter
+	computed                  prometheus.Counter
 	ttft, itl                 prometheus.Observer
 	restarts, migrated        prometheus.Counter
 	redispatched              prometheus.Counter
@@ -149,7 +152,7 @@ func (m *Metrics) forRank(rank int) *rankMetrics {
 		running: m.running.With(l), waiting: m.waiting.With(l), kvUsage: m.kvUsage.With(l),
 		generation:    m.generation.With(l),
 		prefixQueries: m.prefixQueries.With(l), prefixHits: m.prefixHits.With(l),
-		preemptions: m.preemptions.With(l), steps: m.steps.With(l),
+		preemptions: m.preemptions.With(l), steps: m.steps.With(l), computed: m.computed.With(l),
 		ttft: m.ttft.With(l), itl: m.itl.With(l),
 		restarts: m.restarts.With(l), migrated: m.migrated.With(l), redispatched: m.redispatched.With(l),
 		inflight: m.inflight.With(l), ready: m.ready.With(l), failed: m.engineFailed.With(l),

@@ -32,8 +32,9 @@ type NodeConfig struct {
 	Devices   []gpu.Device
 	Scheduler engine.SchedulerConfig
 	// NewExecutor builds a local rank's executor; it is called again each
-	// time the rank's engine restarts.
-	NewExecutor func(rank int, dev gpu.Device) (engine.Executor, error)
+	// time the rank's engine restarts, off the engine's mailbox, and must
+	// return when ctx is done.
+	NewExecutor func(ctx context.Context, rank int, dev gpu.Device) (engine.Executor, error)
 	// Policy picks ranks; nil means dp.LiveLoad.
 	Policy      dp.Policy
 	Restart     RestartPolicy
@@ -179,9 +180,14 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	n.apiServer = res.(*children).apiServer
 	// Serving before every engine is up would send the first burst to
 	// whichever rank started first.
-	if _, err := system.Root.RequestFuture(n.apiServer, &awaitReady{}, cfg.StartTimeout).Result(); err != nil {
+	res, err = system.Root.RequestFuture(n.apiServer, &awaitReady{}, cfg.StartTimeout).Result()
+	if err != nil {
 		n.Stop()
 		return nil, fmt.Errorf("actors: the engines did not start within %v: %w", cfg.StartTimeout, err)
+	}
+	if err := res.(*ready).err; err != nil {
+		n.Stop()
+		return nil, err
 	}
 	return n, nil
 }
@@ -435,7 +441,7 @@ func (n *nodeActor) start(ctx actor.Context) {
 			Rank:              rank,
 			Device:            fmt.Sprintf("%d:%s (%s)", dev.Index, dev.UUID, dev.Name),
 			Scheduler:         cfg.Scheduler,
-			NewExecutor:       func() (engine.Executor, error) { return cfg.NewExecutor(rank, dev) },
+			NewExecutor:       func(ctx context.Context) (engine.Executor, error) { return cfg.NewExecutor(ctx, rank, dev) },
 			ExpertParallel:    cfg.ExpertParallel,
 			CollectiveTimeout: cfg.CollectiveTimeout,
 			Logger:            cfg.Logger.With("rank", rank),

@@ -73,12 +73,12 @@ func startProfileNode(t testing.TB, profileName string, ranks int, timeScale flo
 	for i := range ranks {
 		cfg.Devices = append(cfg.Devices, gpu.Device{Index: i, UUID: fmt.Sprint("GPU-test-", i), Name: "test-gpu", Virtual: true})
 	}
-	cfg.Scheduler.EOSTokenID = sim.EOSToken
+	cfg.Scheduler.EOSTokenIDs = []uint32{sim.EOSToken}
 	cfg.Scheduler.NumBlocks = profile.KVCacheBlocks
 	cfg.Registry = tn.reg
 	cfg.Restart.InitialBackoff = 10 * time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	cfg.NewExecutor = func(rank int, _ gpu.Device) (engine.Executor, error) {
+	cfg.NewExecutor = func(_ context.Context, rank int, _ gpu.Device) (engine.Executor, error) {
 		e, err := sim.NewExecutor(sim.ExecutorConfig{Profile: profile, Tokenizer: tn.tok, Clock: engine.RealClock{}, TimeScale: timeScale})
 		if err != nil {
 			return nil, err
@@ -153,7 +153,7 @@ func (tn *testNode) runBurst(t *testing.T, n, maxTokens int) []result {
 		s := NewStream()
 		tn.Submit(&Submission{
 			ID:       fmt.Sprint("req-", i),
-			Prompt:   tn.tok.Encode(fmt.Sprintf("request number %d asks about the cluster", i)),
+			Prompt:   tn.tok.Tokens(fmt.Sprintf("request number %d asks about the cluster", i)),
 			Sampling: engine.SamplingParams{MaxTokens: maxTokens, IgnoreEOS: true},
 			Rank:     AnyRank,
 			Stream:   s,
@@ -170,7 +170,7 @@ func TestBurstIsBalancedAndExact(t *testing.T) {
 	const n = 200
 	results := tn.runBurst(t, n, 5)
 	for i, r := range results {
-		prompt := tn.tok.Encode(fmt.Sprintf("request number %d asks about the cluster", i))
+		prompt := tn.tok.Tokens(fmt.Sprintf("request number %d asks about the cluster", i))
 		want := tn.expected(prompt, engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true})
 		if r.err != nil || r.finish != engine.FinishedLength || !slices.Equal(r.tokens, want) {
 			t.Fatalf("request %d: %v %v %v; want %v", i, r.err, r.finish, r.tokens, want)
@@ -235,7 +235,7 @@ func TestEngineCrashMovesRequestsTokenExactly(t *testing.T) {
 	results := tn.runBurst(t, n, maxTokens)
 	moved := 0
 	for i, r := range results {
-		prompt := tn.tok.Encode(fmt.Sprintf("request number %d asks about the cluster", i))
+		prompt := tn.tok.Tokens(fmt.Sprintf("request number %d asks about the cluster", i))
 		want := tn.expected(prompt, engine.SamplingParams{MaxTokens: maxTokens, IgnoreEOS: true})
 		if r.err != nil || !slices.Equal(r.tokens, want) {
 			t.Fatalf("request %d: err %v, %d tokens; want the undisturbed %d", i, r.err, len(r.tokens), len(want))

@@ -34,7 +34,7 @@ func BenchmarkStep(b *testing.B) {
 			s := NewStream()
 			b.ResetTimer()
 			start := time.Now()
-			tn.Submit(&Submission{ID: "long", Prompt: tn.tok.Encode("step overhead"), Sampling: engine.SamplingParams{MaxTokens: b.N, IgnoreEOS: true},
+			tn.Submit(&Submission{ID: "long", Prompt: tn.tok.Tokens("step overhead"), Sampling: engine.SamplingParams{MaxTokens: b.N, IgnoreEOS: true},
 				Rank: 0, Stream: s, Arrival: time.Now()})
 			r := collect(context.Background(), s)
 			elapsed := time.Since(start)

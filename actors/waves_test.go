@@ -62,7 +62,7 @@ func TestOneRequestStepsEveryRankInAWave(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s := NewStream()
-	prompt := tn.tok.Encode("one request wakes the group")
+	prompt := tn.tok.Tokens("one request wakes the group")
 	sp := engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}
 	tn.Submit(&Submission{ID: "one", Prompt: prompt, Sampling: sp, Rank: 1, Stream: s, Arrival: time.Now()})
 	r := collect(ctx, s)
@@ -93,7 +93,7 @@ func TestBurstInWavesIsTokenExact(t *testing.T) {
 	const n = 400
 	results := tn.runBurst(t, n, 8)
 	for i, r := range results {
-		prompt := tn.tok.Encode(fmt.Sprintf("request number %d asks about the cluster", i))
+		prompt := tn.tok.Tokens(fmt.Sprintf("request number %d asks about the cluster", i))
 		if r.err != nil || !slices.Equal(r.tokens, tn.expected(prompt, engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true})) {
 			t.Fatalf("request %d: %v, %d tokens", i, r.err, len(r.tokens))
 		}
@@ -116,7 +116,7 @@ func TestEngineCrashMidWave(t *testing.T) {
 	tn := startWaveNode(t, 4, 0.02, 2, 6)
 	results := tn.runBurst(t, 60, 16)
 	for i, r := range results {
-		prompt := tn.tok.Encode(fmt.Sprintf("request number %d asks about the cluster", i))
+		prompt := tn.tok.Tokens(fmt.Sprintf("request number %d asks about the cluster", i))
 		if r.err != nil || !slices.Equal(r.tokens, tn.expected(prompt, engine.SamplingParams{MaxTokens: 16, IgnoreEOS: true})) {
 			t.Fatalf("request %d: %v, %d tokens", i, r.err, len(r.tokens))
 		}
@@ -161,7 +161,7 @@ func TestLostEngineIsDroppedFromTheGroup(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s := NewStream()
-	prompt := tn.tok.Encode("the others go on")
+	prompt := tn.tok.Tokens("the others go on")
 	sp := engine.SamplingParams{MaxTokens: 5, IgnoreEOS: true}
 	tn.Submit(&Submission{ID: "on", Prompt: prompt, Sampling: sp, Rank: AnyRank, Stream: s, Arrival: time.Now()})
 	if r := collect(ctx, s); r.err != nil || !slices.Equal(r.tokens, tn.expected(prompt, sp)) || r.ranks[0] == 3 {

@@ -225,7 +225,7 @@ func (r *chaosRun) stream(prompt string, maxTokens, abandonAfter int) record {
 
 // expected is the text an undisturbed run produces.
 func (r *chaosRun) expected(prompt string, maxTokens int) string {
-	h := engine.PromptHash(r.tok.Encode(prompt), nil)
+	h := engine.PromptHash(r.tok.Tokens(prompt), nil)
 	ids := make([]uint32, maxTokens)
 	for i := range ids {
 		ids[i] = r.tok.Sample(h, i, &engine.SamplingParams{IgnoreEOS: true})

@@ -285,7 +285,7 @@ func TestHungNodeIsNoticedAndItsStreamsMove(t *testing.T) {
 		if errs[i] != nil {
 			t.Fatalf("stream %d: %v", i, errs[i])
 		}
-		h := engine.PromptHash(tok.Encode(fmt.Sprintf("hung node stream %d", i)), nil)
+		h := engine.PromptHash(tok.Tokens(fmt.Sprintf("hung node stream %d", i)), nil)
 		var want []uint32
 		for k := range tokens {
 			want = append(want, tok.Sample(h, k, &engine.SamplingParams{IgnoreEOS: true}))

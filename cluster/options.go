@@ -8,12 +8,16 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/engine/llamacpp"
 	"github.com/dpnode/dpnode/engine/sim"
+	httpapi "github.com/dpnode/dpnode/http"
 )
 
 // Options are a node's settings, as given on the command line. For the
@@ -59,10 +63,29 @@ type Options struct {
 	// (Model when empty).
 	Model           string
 	ServedModelName string
-	// Engine selects the executor; "sim" is the only one so far.
+	// Engine selects the executor: "sim" (the calibrated simulated
+	// executor) or "llamacpp" (a GGUF model, Model, in a llama.cpp worker
+	// process per rank).
 	Engine       string
 	SimProfile   string
 	SimTimeScale float64
+	// Threads is the CPU threads each llama.cpp rank computes with; 0
+	// shares the machine's cores among the local ranks.
+	Threads int
+	// KVCacheMemory is each llama.cpp rank's KV cache budget, in bytes
+	// with an optional unit (4GiB, 512MB); empty: from
+	// GPUMemoryUtilization on a GPU, DefaultCPUKVCache on CPU.
+	KVCacheMemory string
+	// GPUMemoryUtilization is the share of a GPU's memory a llama.cpp rank
+	// may use, weights and KV together (vLLM's --gpu-memory-utilization).
+	GPUMemoryUtilization float64
+	// ChatTemplate is a Jinja chat template file that replaces the
+	// model's own.
+	ChatTemplate string
+	// KVCacheDtype is the llama.cpp KV cache's element type: auto (the
+	// model's: float32 for an F32 model, else float16), float16 or
+	// float32.
+	KVCacheDtype string
 	// GPUs is the number of virtual GPUs when NVML is absent.
 	GPUs int
 
@@ -115,6 +138,8 @@ func DefaultOptions() Options {
 		Engine:                "sim",
 		SimProfile:            "llama-3.1-8b-h100",
 		SimTimeScale:          1,
+		GPUMemoryUtilization:  0.9,
+		KVCacheDtype:          "auto",
 		GPUs:                  2,
 		CollectiveTimeout:     5 * time.Second,
 		BalancePolicy:         dp.PolicyLive,
@@ -141,10 +166,16 @@ func IsFlagError(err error) bool { return errors.Is(err, errFlags) }
 type plan struct {
 	opts      Options
 	flags     dp.Flags
-	profile   *sim.Profile
 	scheduler engine.SchedulerConfig
 	served    string
 	gossipKey []byte
+	// profile is the simulated engine's; nil for llama.cpp.
+	profile *sim.Profile
+	// model, template and kvBytes are the llama.cpp engine's.
+	model    *llamacpp.ModelInfo
+	template *httpapi.JinjaTemplate
+	kvBytes  uint64
+	kvDtype  string
 }
 
 func (o Options) dpFlags() dp.Flags {
@@ -159,8 +190,8 @@ func (o Options) dpFlags() dp.Flags {
 // starts, and resolves the defaults that do not depend on the GPUs.
 func (o Options) check() (*plan, error) {
 	switch {
-	case o.Engine != "sim":
-		return nil, flagError("--engine %q is not available; the engines are: sim", o.Engine)
+	case o.Engine != "sim" && o.Engine != "llamacpp":
+		return nil, flagError("--engine %q is not available; the engines are: sim (simulated), llamacpp (a GGUF model)", o.Engine)
 	case o.SimTimeScale < 0 || math.IsNaN(o.SimTimeScale) || math.IsInf(o.SimTimeScale, 0):
 		return nil, flagError("--sim-time-scale must be a finite number at least 0, got %v", o.SimTimeScale)
 	case o.Port < 0 || o.Port > 65535:
@@ -187,6 +218,10 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--headless serves no API, so --api-key has no effect there")
 	case o.GossipProfile != "lan" && o.GossipProfile != "local":
 		return nil, flagError("--gossip-profile must be lan or local, got %q", o.GossipProfile)
+	case o.Threads < 0:
+		return nil, flagError("--threads must not be negative, got %d", o.Threads)
+	case !(o.GPUMemoryUtilization > 0 && o.GPUMemoryUtilization <= 1):
+		return nil, flagError("--gpu-memory-utilization must be in (0, 1], got %v", o.GPUMemoryUtilization)
 	}
 	if _, _, err := splitHostPort(o.Bind, 7946); err != nil {
 		return nil, flagError("--bind %q: %v", o.Bind, err)
@@ -209,6 +244,12 @@ func (o Options) check() (*plan, error) {
 	// checked with any count that the flags themselves allow.
 	if _, err := dp.Resolve(p.flags, max(o.GPUs, 1)); err != nil {
 		return nil, fmt.Errorf("%w: %w", errFlags, err)
+	}
+	if o.Engine == "llamacpp" {
+		if err := p.checkLlamaCpp(); err != nil {
+			return nil, err
+		}
+		return p, nil
 	}
 	profile, err := sim.LoadProfile(o.Profiles, o.SimProfile)
 	if err != nil {
@@ -255,6 +296,114 @@ func (p *plan) topology(gpus int) (dp.Topology, error) {
 
 func (o Options) address() string {
 	return net.JoinHostPort(o.Host, strconv.Itoa(o.Port))
+}
+
+// DefaultCPUKVCache is a llama.cpp rank's KV cache on CPU when
+// --kv-cache-memory-bytes is not given: vLLM's CPU backend's default.
+const DefaultCPUKVCache = 4 << 30
+
+// llamaCppDefaults are the scheduler's defaults for the llama.cpp engine:
+// vLLM's sequences per step, and a step budget of 2,048 tokens, which
+// keeps a long prefill chunk from stalling decodes for long on a CPU.
+var llamaCppDefaults = engine.SchedulerConfig{MaxNumSeqs: 256, MaxNumBatchedTokens: 2048, BlockSize: 16}
+
+// checkLlamaCpp checks the llama.cpp engine's flags against the model
+// file, before any worker starts.
+func (p *plan) checkLlamaCpp() error {
+	o := p.opts
+	switch {
+	case o.Model == "":
+		return flagError("--engine llamacpp needs --model, a GGUF file")
+	case o.ExpertParallel:
+		return flagError("--enable-expert-parallel is not available with --engine llamacpp: llama.cpp has no expert-parallel API (each rank holds the whole model)")
+	case o.SimProfile != DefaultOptions().SimProfile:
+		return flagError("--sim-profile is the simulated engine's; --engine llamacpp serves --model")
+	}
+	p.served = o.ServedModelName
+	info, err := llamacpp.InspectModel(o.Model)
+	if err != nil {
+		return fmt.Errorf("%w: --model: %w", errFlags, err)
+	}
+	p.model = info
+	if _, err := llamacpp.FindWorker(); err != nil {
+		return fmt.Errorf("%w: --engine llamacpp: %w", errFlags, err)
+	}
+	if o.MaxModelLen > info.ContextLength {
+		return flagError("--max-model-len %d is longer than the context of %s, %d tokens", o.MaxModelLen, o.Model, info.ContextLength)
+	}
+	src, from := info.ChatTemplate, o.Model
+	if o.ChatTemplate != "" {
+		b, err := os.ReadFile(o.ChatTemplate)
+		if err != nil {
+			return flagError("--chat-template: %v", err)
+		}
+		src, from = string(b), o.ChatTemplate
+	}
+	if src != "" {
+		if p.template, err = httpapi.NewJinjaTemplate(src, info.BOSToken, info.EOSToken); err != nil {
+			return flagError("the chat template of %s: %v", from, err)
+		}
+	}
+	switch o.KVCacheDtype {
+	case "auto":
+		p.kvDtype = "f16"
+		if info.F32 {
+			p.kvDtype = "f32"
+		}
+	case "float16":
+		p.kvDtype = "f16"
+	case "float32":
+		p.kvDtype = "f32"
+	default:
+		return flagError("--kv-cache-dtype must be auto, float16 or float32, got %q", o.KVCacheDtype)
+	}
+	if o.KVCacheMemory != "" {
+		if p.kvBytes, err = parseBytes(o.KVCacheMemory); err != nil {
+			return flagError("--kv-cache-memory-bytes: %v", err)
+		}
+	}
+	if p.served == "" {
+		p.served = o.Model
+	}
+	sc := llamaCppDefaults
+	sc.MaxNumSeqs = min(orDefault(o.MaxNumSeqs, sc.MaxNumSeqs), llamacpp.MaxSequences)
+	if o.MaxNumSeqs > llamacpp.MaxSequences {
+		return flagError("--max-num-seqs %d is more than llama.cpp's %d sequences", o.MaxNumSeqs, llamacpp.MaxSequences)
+	}
+	sc.MaxNumBatchedTokens = orDefault(o.MaxNumBatchedTokens, sc.MaxNumBatchedTokens)
+	sc.MaxModelLen = orDefault(o.MaxModelLen, info.ContextLength)
+	sc.EnablePrefixCaching = !o.NoPrefixCaching
+	// Until a worker says how many cells its memory holds: room for one
+	// sequence, which Validate asks for.
+	sc.NumBlocks = (sc.MaxModelLen + sc.BlockSize - 1) / sc.BlockSize
+	sc.SequenceSlots = sc.MaxNumSeqs
+	if err := sc.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errFlags, err)
+	}
+	p.scheduler = sc
+	return nil
+}
+
+// parseBytes reads a size: a number of bytes with an optional unit, decimal
+// (KB, MB, GB, or k, M, G as vLLM writes them) or binary (KiB, MiB, GiB).
+func parseBytes(s string) (uint64, error) {
+	units := []struct {
+		suffix string
+		mult   uint64
+	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
+		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"B", 1}}
+	num, mult := strings.TrimSpace(s), uint64(1)
+	for _, u := range units {
+		if strings.HasSuffix(num, u.suffix) {
+			num, mult = strings.TrimSpace(strings.TrimSuffix(num, u.suffix)), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || v <= 0 || math.IsInf(v, 0) || v*float64(mult) >= 1<<62 {
+		return 0, fmt.Errorf("%q is not a size in bytes (for example 4GiB, 512MB or 1073741824)", s)
+	}
+	return uint64(v * float64(mult)), nil
 }
 
 func orDefault(v, d int) int {

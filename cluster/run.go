@@ -20,8 +20,6 @@ import (
 
 	"github.com/dpnode/dpnode/actors"
 	"github.com/dpnode/dpnode/dp"
-	"github.com/dpnode/dpnode/engine"
-	"github.com/dpnode/dpnode/engine/sim"
 	"github.com/dpnode/dpnode/gpu"
 	httpapi "github.com/dpnode/dpnode/http"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
@@ -44,6 +42,10 @@ type Running struct {
 	served         chan error
 	logger         *slog.Logger
 	drain          time.Duration
+
+	// closeEngine stops what the engine runs beside the actors: the
+	// llama.cpp tokenizer's worker.
+	closeEngine func()
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -102,7 +104,12 @@ func Start(o Options) (*Running, error) {
 		}
 	}
 
-	tok := sim.NewTokenizer(0)
+	eng, err := p.newEngine(o, inv, topo)
+	if err != nil {
+		closeListener()
+		return nil, err
+	}
+	r.closeEngine = eng.close
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	hostname, _ := os.Hostname()
@@ -125,15 +132,18 @@ func Start(o Options) (*Running, error) {
 	// the number of API servers, which a node does not know in advance.
 	if cfg.Policy, err = dp.NewPolicy(o.BalancePolicy, dp.PolicyConfig{APIServers: 1, StepTokens: p.scheduler.MaxNumBatchedTokens, Seed: mrand.Uint64()}); err != nil {
 		closeListener()
+		eng.close()
 		return nil, err
 	}
 	cfg.Restart.MaxRestarts, cfg.Restart.Window = o.EngineMaxRestarts, o.EngineRestartWindow
 	cfg.CollectiveTimeout = o.CollectiveTimeout
-	cfg.NewExecutor = func(int, gpu.Device) (engine.Executor, error) {
-		return sim.NewExecutor(sim.ExecutorConfig{Profile: p.profile, Tokenizer: tok, Clock: engine.RealClock{}, TimeScale: o.SimTimeScale})
+	cfg.NewExecutor = eng.newExecutor
+	if eng.startTimeout > 0 {
+		cfg.StartTimeout = eng.startTimeout
 	}
 	if r.node, err = actors.StartNode(cfg); err != nil {
 		closeListener()
+		eng.close()
 		return nil, err
 	}
 	r.membership, err = StartMembership(MembershipConfig{
@@ -151,25 +161,28 @@ func Start(o Options) (*Running, error) {
 	if err != nil {
 		r.node.Stop()
 		closeListener()
+		eng.close()
 		return nil, err
 	}
 	r.node.MembershipReady()
 
 	if topo.ServesAPI() {
 		api, err := httpapi.New(httpapi.Config{
-			Backend:     r.node,
-			Tokenizer:   tok,
-			MaxModelLen: p.scheduler.MaxModelLen,
-			APIKey:      o.APIKey,
-			Gatherer:    reg,
-			OnDrain:     r.RequestDrain,
-			Version:     o.Version,
-			Logger:      o.Logger,
+			Backend:      r.node,
+			Tokenizer:    eng.tokenizer,
+			ChatTemplate: eng.template,
+			MaxModelLen:  p.scheduler.MaxModelLen,
+			APIKey:       o.APIKey,
+			Gatherer:     reg,
+			OnDrain:      r.RequestDrain,
+			Version:      o.Version,
+			Logger:       o.Logger,
 		})
 		if err != nil {
 			r.membership.Leave(time.Second)
 			r.node.Stop()
 			closeListener()
+			eng.close()
 			return nil, err
 		}
 		r.api = api
@@ -179,7 +192,7 @@ func Start(o Options) (*Running, error) {
 	metricsURL := "none"
 	if o.MetricsPort >= 0 {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.MetricsPort))
-		m, err := httpapi.New(httpapi.Config{Backend: r.node, Tokenizer: tok, MaxModelLen: p.scheduler.MaxModelLen,
+		m, err := httpapi.New(httpapi.Config{Backend: r.node, Tokenizer: eng.tokenizer, MaxModelLen: p.scheduler.MaxModelLen,
 			APIKey: o.APIKey, Gatherer: reg, OnDrain: r.RequestDrain, MetricsOnly: true, Version: o.Version, Logger: o.Logger})
 		if err == nil {
 			r.metricsLn, err = net.Listen("tcp", addr)
@@ -196,11 +209,11 @@ func Start(o Options) (*Running, error) {
 	if r.ln != nil {
 		url = "http://" + r.ln.Addr().String()
 	}
-	o.Logger.Info("dpnode serving",
-		"url", url, "metrics_url", metricsURL, "node", cfg.Name, "mode", topo.Mode.String(), "model", p.served, "engine", o.Engine, "sim_profile", p.profile.Name,
-		"sim_time_scale", o.SimTimeScale, "balance_policy", o.BalancePolicy, "ranks", rankRange(topo.StartRank, topo.LocalSize, topo.Size),
-		"gpus", inv.Source, "gossip", r.membership.Address(), "actors", r.node.Meta().ActorAddress,
-		"seeds", len(o.Seeds), "max_model_len", p.scheduler.MaxModelLen)
+	o.Logger.Info("dpnode serving", append([]any{
+		"url", url, "metrics_url", metricsURL, "node", cfg.Name, "mode", topo.Mode.String(), "model", p.served, "engine", o.Engine},
+		append(eng.describe, "balance_policy", o.BalancePolicy, "ranks", rankRange(topo.StartRank, topo.LocalSize, topo.Size),
+			"gpus", inv.Source, "gossip", r.membership.Address(), "actors", r.node.Meta().ActorAddress,
+			"seeds", len(o.Seeds), "max_model_len", p.scheduler.MaxModelLen)...)...)
 	return r, nil
 }
 
@@ -279,6 +292,7 @@ func (r *Running) shutdown() error {
 		_ = r.metrics.Close()
 	}
 	r.node.Stop()
+	r.closeEngine()
 	r.logger.Info("stopped")
 	return err
 }
@@ -296,6 +310,7 @@ func Run(ctx context.Context, o Options) error {
 	case err := <-r.served:
 		r.membership.Leave(2 * time.Second)
 		r.node.Stop()
+		r.closeEngine()
 		return fmt.Errorf("cluster: the HTTP server stopped: %w", err)
 	case <-r.node.Failed():
 		_ = r.Shutdown()

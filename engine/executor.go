@@ -34,6 +34,15 @@ type ScheduledRequest struct {
 	SampleIndex int
 	// Decode is true for a one-token step of a request past its prefill.
 	Decode bool
+	// Seq is the sequence that holds the request's KV, for an executor
+	// that places KV by sequence (SchedulerConfig.SequenceSlots); -1
+	// otherwise.
+	Seq int32
+	// Tokens are the NumNewTokens tokens to compute, for an executor that
+	// places KV by sequence. They are nil when the one token to compute is
+	// the one the executor itself sampled for Seq in the sequence's
+	// previous step: sampled tokens stay where they were sampled.
+	Tokens []uint32
 }
 
 // Shape is what a step computes, for cost models.
@@ -70,6 +79,30 @@ type Batch struct {
 	// with no requests is then a dummy step: the rank has no work but must
 	// take part in the collective.
 	Collective *Collective
+	// SeqOps are the KV moves an executor that places KV by sequence must
+	// make, in order, before it computes the step's tokens: prefixes a new
+	// request shares with cached ones, and the KV of finished, aborted,
+	// preempted or evicted requests given back.
+	SeqOps []SeqOp
+}
+
+// SeqOpKind is what a SeqOp does.
+type SeqOpKind uint8
+
+const (
+	// SeqCopy makes the KV of positions [P0, P1) of sequence Src part of
+	// sequence Dst too, without computing it again: it is shared.
+	SeqCopy SeqOpKind = iota + 1
+	// SeqRemove takes positions [P0, P1) out of sequence Dst (P1 of -1:
+	// to the end); KV no sequence holds any more is freed.
+	SeqRemove
+)
+
+// SeqOp is one KV move of a step.
+type SeqOp struct {
+	Kind     SeqOpKind
+	Src, Dst int32
+	P0, P1   int32
 }
 
 // Empty reports whether the batch computes nothing.
@@ -92,4 +125,45 @@ type StepResult struct {
 	// Duration is how long the step took (the modelled time, for the
 	// simulated executor).
 	Duration time.Duration
+	// ComputedTokens counts the tokens the model really computed in the
+	// step, as the executor saw it; 0 where the executor does not tell.
+	ComputedTokens int
+}
+
+// Limits are what an executor's model can serve under, for executors that
+// learn them when the model loads: the engine's scheduler adopts them.
+type Limits struct {
+	// NumBlocks is the KV cache's capacity in blocks of the scheduler's
+	// block size.
+	NumBlocks int
+	// SequenceSlots is the number of KV sequences (0: KV is not placed by
+	// sequence).
+	SequenceSlots int
+	// MaxModelLen is the longest sequence the model serves.
+	MaxModelLen int
+	// MaxBatchTokens is the most tokens a step may compute; 0 for no
+	// limit beyond the scheduler's.
+	MaxBatchTokens int
+	// EOSTokenIDs are the model's end-of-generation tokens.
+	EOSTokenIDs []uint32
+}
+
+// Limited is implemented by executors whose model sets the scheduler's
+// limits (see Limits).
+type Limited interface {
+	Limits() Limits
+}
+
+// Process is implemented by executors whose model runs in a process of
+// its own, which can die between steps.
+//
+// Concurrency: Done and Err are safe for concurrent use; Close is called
+// once, after the last Execute has returned.
+type Process interface {
+	// Done is closed when the process has exited.
+	Done() <-chan struct{}
+	// Err says why the process exited, once Done is closed.
+	Err() error
+	// Close stops the process and waits for it.
+	Close() error
 }

@@ -40,6 +40,12 @@ const noBlock = -1
 
 type kvBlock struct {
 	refCount int32
+	// index is the block's place in every sequence that holds it: its
+	// tokens are at positions [index·blockSize, (index+1)·blockSize).
+	index int32
+	// home is the sequence whose KV holds the block's tokens, when KV is
+	// placed by sequence; noSeq when the block holds nothing.
+	home int32
 	// hash is valid when cached is true; the block is then findable by its
 	// hash until it is evicted.
 	hash   BlockHash
@@ -60,9 +66,11 @@ type kvCache struct {
 	head, tail    int32
 	numFree       int
 	byHash        map[BlockHash]int32
+	// seqs places KV by sequence; nil when blocks alone place it.
+	seqs *seqTable
 }
 
-func newKVCache(numBlocks, blockSize int, prefixCaching bool) *kvCache {
+func newKVCache(numBlocks, blockSize int, prefixCaching bool, seqSlots int) *kvCache {
 	c := &kvCache{
 		blockSize:     blockSize,
 		prefixCaching: prefixCaching,
@@ -72,8 +80,11 @@ func newKVCache(numBlocks, blockSize int, prefixCaching bool) *kvCache {
 		byHash:        make(map[BlockHash]int32),
 	}
 	for i := range c.blocks {
-		c.blocks[i].prev, c.blocks[i].next = noBlock, noBlock
+		c.blocks[i].prev, c.blocks[i].next, c.blocks[i].home = noBlock, noBlock, noSeq
 		c.pushFree(int32(i))
+	}
+	if seqSlots > 0 {
+		c.seqs = newSeqTable(seqSlots)
 	}
 	return c
 }
@@ -130,14 +141,25 @@ func (c *kvCache) popFree() int32 {
 	}
 	c.removeFree(id)
 	b := &c.blocks[id]
-	if b.cached {
-		if c.byHash[b.hash] == id {
-			delete(c.byHash, b.hash)
-		}
-		b.cached = false
+	if c.findable(id) {
+		delete(c.byHash, b.hash)
+	}
+	b.cached = false
+	if c.seqs != nil && b.home != noSeq {
+		// The block leaves the prefix cache: its KV is freed at last.
+		c.unhome(id, true)
 	}
 	b.refCount = 1
 	return id
+}
+
+// findable reports whether block id is the one a prefix lookup finds for
+// its hash; a block cached while another of the same hash was findable is
+// not.
+func (c *kvCache) findable(id int32) bool {
+	b := &c.blocks[id]
+	found, ok := c.byHash[b.hash]
+	return b.cached && ok && found == id
 }
 
 // touch takes a reference on a cached block found by a prefix lookup.
@@ -193,11 +215,18 @@ func (c *kvCache) allocate(req *Request, numNewTokens int, prefix []int32) bool 
 		for _, id := range prefix {
 			c.touch(id)
 		}
+		if c.seqs != nil {
+			c.sharePrefix(req, prefix)
+		}
 		req.blocks = append(req.blocks, prefix...)
 		req.numCachedBlocks = len(prefix)
 	}
 	for range need {
-		req.blocks = append(req.blocks, c.popFree())
+		id := c.popFree()
+		if c.seqs != nil {
+			c.home(id, req.seq, len(req.blocks))
+		}
+		req.blocks = append(req.blocks, id)
 	}
 	return true
 }
@@ -230,24 +259,37 @@ func (c *kvCache) cacheFullBlocks(req *Request) {
 // release drops req's references. Blocks are queued last block first, so
 // that a prefix's tail is evicted before its head, which more requests share.
 func (c *kvCache) release(req *Request) {
+	if c.seqs != nil {
+		c.releaseSeq(req)
+		return
+	}
+	c.releaseBlocks(req)
+}
+
+func (c *kvCache) releaseBlocks(req *Request) {
 	for i := len(req.blocks) - 1; i >= 0; i-- {
-		id := req.blocks[i]
-		b := &c.blocks[id]
-		b.refCount--
-		if b.refCount < 0 {
-			panic("engine: block reference count below zero")
-		}
-		if b.refCount == 0 {
-			if b.cached && c.byHash[b.hash] != id {
-				// A duplicate of a block already findable by hash: nobody
-				// can hit it, so it need not wait behind useful blocks.
-				b.cached = false
-			}
-			c.pushFree(id)
-		}
+		c.unref(req.blocks[i])
 	}
 	req.blocks = req.blocks[:0]
 	req.numCachedBlocks = 0
+}
+
+// unref drops a reference to block id; with none left it joins the free
+// queue.
+func (c *kvCache) unref(id int32) {
+	b := &c.blocks[id]
+	b.refCount--
+	if b.refCount < 0 {
+		panic("engine: block reference count below zero")
+	}
+	if b.refCount == 0 {
+		if !c.findable(id) {
+			// A duplicate of a block already findable by hash: nobody
+			// can hit it, so it need not wait behind useful blocks.
+			b.cached = false
+		}
+		c.pushFree(id)
+	}
 }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }

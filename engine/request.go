@@ -26,9 +26,11 @@ type SamplingParams struct {
 	MaxTokens int
 	// MinTokens is the fewest tokens generated before EOS or a stop token
 	// may end the request.
-	MinTokens    int
-	Temperature  float32
-	TopP         float32
+	MinTokens   int
+	Temperature float32
+	TopP        float32
+	// TopK keeps the k most likely tokens; 0 keeps them all.
+	TopK         int
 	Seed         *int64
 	IgnoreEOS    bool
 	StopTokenIDs []uint32
@@ -44,8 +46,9 @@ type NewRequest struct {
 	Sampling SamplingParams
 	Arrival  time.Time
 	// Client is carried back in every Output of the request, so that the
-	// caller can route it without a lookup of its own.
-	Client any
+	// caller can route it without a lookup of its own; so is Attempt.
+	Client  any
+	Attempt uint32
 }
 
 // Request is the scheduler's state of one request. Its fields are the
@@ -56,6 +59,7 @@ type Request struct {
 	output   []uint32
 	sampling SamplingParams
 	client   any
+	attempt  uint32
 	arrival  time.Time
 	// promptHash keys the executor's deterministic sampling.
 	promptHash uint64
@@ -75,11 +79,28 @@ type Request struct {
 	// gone is set when the request leaves the scheduler (finished or
 	// aborted), possibly while a step that computes it is in flight.
 	gone bool
-	// newTokens collects this step's tokens until Update reports them.
-	newTokens []uint32
+	// seq is the KV sequence the request holds (SchedulerConfig.
+	// SequenceSlots), or noSeq.
+	seq int32
+	// executorHasLast is set when the request's last token was sampled by
+	// the executor into seq: the next step need not send it.
+	executorHasLast bool
 }
 
 func (r *Request) numTokens() int { return len(r.prompt) + len(r.output) }
+
+// tokens returns a copy of the request's tokens [from, to) of prompt and
+// output.
+func (r *Request) tokens(from, to int) []uint32 {
+	out := make([]uint32, 0, to-from)
+	if from < len(r.prompt) {
+		out = append(out, r.prompt[from:min(to, len(r.prompt))]...)
+	}
+	if to > len(r.prompt) {
+		out = append(out, r.output[max(from-len(r.prompt), 0):to-len(r.prompt)]...)
+	}
+	return out
+}
 
 func (r *Request) tokenAt(i int) uint32 {
 	if i < len(r.prompt) {

@@ -30,8 +30,18 @@ type SchedulerConfig struct {
 	MaxModelLen int
 	// EnablePrefixCaching keeps freed blocks findable by their tokens.
 	EnablePrefixCaching bool
-	// EOSTokenID ends a request when sampled, unless it ignores EOS.
-	EOSTokenID uint32
+	// EOSTokenIDs end a request when sampled, unless it ignores EOS: the
+	// model's whole set of end-of-generation tokens (Llama 3 ends a turn
+	// with <|eot_id|> and a text with <|end_of_text|>).
+	EOSTokenIDs []uint32
+	// SequenceSlots, when not 0, places KV by sequence as well as by block,
+	// for an executor that keeps KV per sequence (llama.cpp): every
+	// running request holds one of this many sequence ids, and so does
+	// every finished request whose computed blocks stay in the prefix
+	// cache, until they are evicted. Steps then carry the token ids to
+	// compute and the sequence moves to make (Batch.SeqOps). 0, the
+	// simulated executor's setting, keeps blocks alone.
+	SequenceSlots int
 }
 
 // DefaultSchedulerConfig is vLLM's default for one H100 serving an 8B model.
@@ -61,14 +71,40 @@ func (c SchedulerConfig) Validate() error {
 		return fmt.Errorf("engine: max model length must be at least 2, got %d", c.MaxModelLen)
 	case ceilDiv(c.MaxModelLen, c.BlockSize) > c.NumBlocks:
 		return fmt.Errorf("engine: the KV cache (%d blocks of %d tokens) cannot hold one sequence of the max model length %d; lower the max model length", c.NumBlocks, c.BlockSize, c.MaxModelLen)
+	case c.SequenceSlots < 0:
+		return fmt.Errorf("engine: sequence slots must not be negative, got %d", c.SequenceSlots)
+	case c.SequenceSlots > 0 && c.SequenceSlots < c.MaxNumSeqs:
+		return fmt.Errorf("engine: --max-num-seqs (%d) must be at most the model's %d sequence slots", c.MaxNumSeqs, c.SequenceSlots)
 	}
 	return nil
 }
 
+// WithLimits returns c under an executor's limits: its KV capacity,
+// sequence slots and end tokens, and its context length and step size
+// where those are smaller. The result must pass Validate.
+func (c SchedulerConfig) WithLimits(l Limits) (SchedulerConfig, error) {
+	c.NumBlocks = l.NumBlocks
+	c.SequenceSlots = l.SequenceSlots
+	if l.MaxModelLen > 0 && l.MaxModelLen < c.MaxModelLen {
+		c.MaxModelLen = l.MaxModelLen
+	}
+	if l.MaxBatchTokens > 0 && l.MaxBatchTokens < c.MaxNumBatchedTokens {
+		c.MaxNumBatchedTokens = l.MaxBatchTokens
+	}
+	if len(l.EOSTokenIDs) > 0 {
+		c.EOSTokenIDs = slices.Clone(l.EOSTokenIDs)
+	}
+	if c.SequenceSlots > 0 && c.MaxNumSeqs > c.SequenceSlots {
+		c.MaxNumSeqs = c.SequenceSlots
+	}
+	return c, c.Validate()
+}
+
 // Output is what a step produced for one request.
 type Output struct {
-	ID     string
-	Client any
+	ID      string
+	Client  any
+	Attempt uint32
 	// NewTokens are the tokens sampled since the previous output.
 	NewTokens []uint32
 	Finish    FinishReason
@@ -89,6 +125,9 @@ type Stats struct {
 	PrefixHits     uint64
 	NumPreemptions uint64
 	Steps          uint64
+	// ComputedTokens counts the tokens the executor computed (see
+	// StepResult.ComputedTokens).
+	ComputedTokens uint64
 }
 
 // Scheduler decides what each step computes: continuous batching over a
@@ -117,7 +156,7 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 	}
 	return &Scheduler{
 		cfg:      cfg,
-		kv:       newKVCache(cfg.NumBlocks, cfg.BlockSize, cfg.EnablePrefixCaching),
+		kv:       newKVCache(cfg.NumBlocks, cfg.BlockSize, cfg.EnablePrefixCaching, cfg.SequenceSlots),
 		requests: make(map[string]*Request),
 	}, nil
 }
@@ -144,8 +183,10 @@ func (s *Scheduler) Add(nr NewRequest) error {
 		output:     slices.Clone(nr.Output),
 		sampling:   nr.Sampling,
 		client:     nr.Client,
+		attempt:    nr.Attempt,
 		arrival:    nr.Arrival,
 		promptHash: PromptHash(nr.Prompt, nr.Sampling.Seed),
+		seq:        noSeq,
 	}
 	s.requests[req.id] = req
 	s.waiting = append(s.waiting, req)
@@ -228,10 +269,14 @@ func (s *Scheduler) Schedule() *Batch {
 	// short, and a new request would only be preempted next.
 	for !preempted && len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs {
 		req := s.waiting[0]
+		// The sequence comes first: freeing one may evict cached blocks,
+		// which the prefix lookup must not find.
+		s.kv.takeSeq(req, s.running)
 		prefix := s.kv.computedPrefix(req)
 		cached := len(prefix) * s.cfg.BlockSize
 		n := min(req.numTokens()-cached, budget)
 		if !s.kv.allocate(req, n, prefix) {
+			s.kv.returnSeq(req)
 			break
 		}
 		req.numComputed = cached
@@ -252,6 +297,7 @@ func (s *Scheduler) Schedule() *Batch {
 	if len(s.scheduled) > 0 {
 		s.stats.Steps++
 	}
+	batch.SeqOps = s.kv.takeOps()
 	return batch
 }
 
@@ -266,6 +312,10 @@ func (s *Scheduler) add(batch *Batch, req *Request, n int) {
 		NumPromptTokens: len(req.prompt),
 		SampleIndex:     -1,
 		Decode:          n == 1 && req.numComputed == total-1 && len(req.output) > 0,
+		Seq:             req.seq,
+	}
+	if req.seq != noSeq && !(sr.Decode && req.executorHasLast) {
+		sr.Tokens = req.tokens(req.numComputed, req.numComputed+n)
 	}
 	if req.numComputed+n == total {
 		sr.SampleIndex = len(req.output)
@@ -302,6 +352,7 @@ func (s *Scheduler) preempt(req *Request) {
 	s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return r == req })
 	s.kv.release(req)
 	req.numComputed = 0
+	req.executorHasLast = false
 	s.stats.NumPreemptions++
 	s.waiting = slices.Insert(s.waiting, 0, req)
 	// A request preempted after being scheduled in this step would be
@@ -322,6 +373,7 @@ func (s *Scheduler) Update(batch *Batch, res StepResult) []Output {
 	}
 	outs := make([]Output, 0, len(scheduled))
 	finished := false
+	s.stats.ComputedTokens += uint64(res.ComputedTokens)
 	for i, req := range scheduled {
 		if req.gone {
 			continue
@@ -334,7 +386,8 @@ func (s *Scheduler) Update(batch *Batch, res StepResult) []Output {
 		}
 		tok := res.Tokens[i]
 		req.output = append(req.output, tok)
-		out := Output{ID: req.id, Client: req.client, NewTokens: []uint32{tok}, Finish: s.checkStop(req, tok)}
+		req.executorHasLast = true
+		out := Output{ID: req.id, Client: req.client, Attempt: req.attempt, NewTokens: []uint32{tok}, Finish: s.checkStop(req, tok)}
 		if !req.reportedFirst {
 			req.reportedFirst = true
 			out.First = true
@@ -358,7 +411,7 @@ func (s *Scheduler) checkStop(req *Request, tok uint32) FinishReason {
 	n := len(req.output)
 	sp := &req.sampling
 	if n >= sp.MinTokens {
-		if tok == s.cfg.EOSTokenID && !sp.IgnoreEOS {
+		if !sp.IgnoreEOS && slices.Contains(s.cfg.EOSTokenIDs, tok) {
 			return FinishedStop
 		}
 		if slices.Contains(sp.StopTokenIDs, tok) {

@@ -92,7 +92,7 @@ func testConfig() SchedulerConfig {
 		NumBlocks:           64,
 		MaxModelLen:         128,
 		EnablePrefixCaching: true,
-		EOSTokenID:          testEOS,
+		EOSTokenIDs:         []uint32{testEOS},
 	}
 }
 
@@ -386,6 +386,10 @@ func TestConfigValidate(t *testing.T) {
 // and steps over a small KV cache and checks it against a simple model:
 // every request that is not aborted finishes with exactly its tokens, in
 // order, and the block accounting holds after every operation.
+// TestSchedulerProperties runs random requests with shared prefixes,
+// aborts and preemptions (small KV caches), with and without placing KV
+// by sequence. With sequences the executor is the cell model, which also
+// checks that every step's KV is its request's.
 func TestSchedulerProperties(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		cfg := SchedulerConfig{
@@ -393,20 +397,28 @@ func TestSchedulerProperties(t *testing.T) {
 			BlockSize:           rapid.SampledFrom([]int{1, 4, 16}).Draw(t, "blockSize"),
 			MaxModelLen:         64,
 			EnablePrefixCaching: rapid.Bool().Draw(t, "prefixCaching"),
-			EOSTokenID:          testEOS,
+			EOSTokenIDs:         []uint32{testEOS},
 		}
 		cfg.MaxNumBatchedTokens = rapid.IntRange(cfg.MaxNumSeqs, 96).Draw(t, "budget")
 		cfg.NumBlocks = rapid.IntRange(ceilDiv(cfg.MaxModelLen, cfg.BlockSize), 3*ceilDiv(cfg.MaxModelLen, cfg.BlockSize)).Draw(t, "blocks")
+		var cells *cellModel
+		if rapid.Bool().Draw(t, "bySequence") {
+			// Few sequence ids beyond the running ones, so that kept
+			// sequences are evicted often.
+			cfg.SequenceSlots = cfg.MaxNumSeqs + rapid.IntRange(0, 3).Draw(t, "keptSlots")
+			cells = newCellModel(cfg.NumBlocks * cfg.BlockSize)
+		}
 		s := newTestScheduler(t, cfg)
 
 		type expect struct {
-			hash    uint64
+			prompt  []uint32
 			max     int
 			aborted bool
 		}
 		want := map[string]*expect{}
 		got := map[string][]uint32{}
 		finished := map[string]bool{}
+		tokensOf := func(id string) []uint32 { return slices.Concat(want[id].prompt, got[id]) }
 		var ids []string
 		n := rapid.IntRange(1, 60).Draw(t, "ops")
 		for op := 0; op < n || s.HasWork(); op++ {
@@ -423,7 +435,7 @@ func TestSchedulerProperties(t *testing.T) {
 					t.Fatal(err)
 				}
 				ids = append(ids, id)
-				want[id] = &expect{hash: PromptHash(p, nil), max: mx}
+				want[id] = &expect{prompt: p, max: mx}
 			case op < n && k == 3 && len(ids) > 0:
 				id := rapid.SampledFrom(ids).Draw(t, "abort")
 				s.Abort(id)
@@ -434,7 +446,13 @@ func TestSchedulerProperties(t *testing.T) {
 				if !s.HasWork() {
 					continue
 				}
-				_, outs := runStep(t, s, nil)
+				var outs []Output
+				if cells != nil {
+					b := s.Schedule()
+					outs = s.Update(b, cells.step(t, s, b, tokensOf))
+				} else {
+					_, outs = runStep(t, s, nil)
+				}
 				for _, o := range outs {
 					if finished[o.ID] {
 						t.Fatalf("%s produced output after finishing", o.ID)
@@ -446,11 +464,15 @@ func TestSchedulerProperties(t *testing.T) {
 				}
 			}
 			checkKVInvariants(t, s)
+			if cells != nil {
+				checkSeqInvariants(t, s)
+			}
 		}
 		for id, w := range want {
+			h := PromptHash(w.prompt, nil)
 			for i, tok := range got[id] {
-				if tok != testToken(w.hash, i) {
-					t.Fatalf("%s token %d is %d, want %d", id, i, tok, testToken(w.hash, i))
+				if tok != testToken(h, i) {
+					t.Fatalf("%s token %d is %d, want %d", id, i, tok, testToken(h, i))
 				}
 			}
 			if !w.aborted && (len(got[id]) != w.max || !finished[id]) {

@@ -4,10 +4,12 @@ package engine
 //
 // Concurrency: safe for concurrent use; HTTP handlers share one.
 type Tokenizer interface {
-	Encode(text string) []uint32
+	// Encode returns the token ids of text. addSpecial adds what the model
+	// wants around a text (a BOS token): a completion's prompt gets it, a
+	// chat template writes its own.
+	Encode(text string, addSpecial bool) ([]uint32, error)
 	// Decode returns the text of ids. Decoding a stream's tokens a piece at
-	// a time gives the same text as decoding them at once.
+	// a time gives the same bytes as decoding them at once; a piece may end
+	// inside a UTF-8 character that the next piece completes.
 	Decode(ids []uint32) string
-	// EOS is the end-of-sequence token id.
-	EOS() uint32
 }

@@ -530,7 +530,7 @@ func TestStopFinishesCountAsSuccess(t *testing.T) {
 
 	// The same text ended by a stop token id: the token's text is left out.
 	tok := sim.NewTokenizer(0)
-	stopID := tok.Encode(stop)[0]
+	stopID := tok.Tokens(stop)[0]
 	status, body = ts.post(t, "/v1/completions", fmt.Sprintf(`{"prompt":"count the words","max_tokens":30,"ignore_eos":true,"stop_token_ids":[%d]}`, stopID), nil)
 	var got struct {
 		Choices []struct {
@@ -543,7 +543,7 @@ func TestStopFinishesCountAsSuccess(t *testing.T) {
 	}
 	json.Unmarshal(body, &got)
 	want := full.Choices[0].Text[:strings.Index(full.Choices[0].Text, stop)]
-	if status != 200 || got.Choices[0].Text != want || got.Choices[0].FinishReason != "stop" || got.Usage.CompletionTokens != len(tok.Encode(want))+1 {
+	if status != 200 || got.Choices[0].Text != want || got.Choices[0].FinishReason != "stop" || got.Usage.CompletionTokens != len(tok.Tokens(want))+1 {
 		t.Fatalf("stop token %d (%q): %d %+v; want text %q and the stop token counted", stopID, stop, status, got, want)
 	}
 }

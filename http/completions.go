@@ -3,7 +3,6 @@ package httpapi
 import (
 	"fmt"
 	"net/http"
-	"strings"
 )
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
@@ -25,7 +24,12 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	var prompts []promptInput
 	for _, text := range req.Prompt.texts {
-		prompts = append(prompts, promptInput{text: text, tokens: s.cfg.Tokenizer.Encode(text)})
+		tokens, err := s.cfg.Tokenizer.Encode(text, true)
+		if err != nil {
+			writeError(w, tokenizerError(err))
+			return
+		}
+		prompts = append(prompts, promptInput{text: text, tokens: tokens})
 	}
 	for _, ids := range req.Prompt.tokens {
 		prompts = append(prompts, promptInput{text: s.cfg.Tokenizer.Decode(ids), tokens: ids})
@@ -61,8 +65,26 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	text := chatTemplate(req.Messages)
-	g, e := s.spec(r, true, &req.commonParams, []promptInput{{text: text, tokens: s.cfg.Tokenizer.Encode(text)}})
+	if s.cfg.ChatTemplate == nil {
+		writeError(w, badRequest("this model has no chat template, so it cannot chat: use /v1/completions, or start dpnode with --chat-template FILE", "messages"))
+		return
+	}
+	msgs := make([]ChatMessage, len(req.Messages))
+	for i, m := range req.Messages {
+		msgs[i] = ChatMessage{Role: m.Role, Content: m.Content.text, Name: m.Name}
+	}
+	text, err := s.cfg.ChatTemplate.Render(msgs)
+	if err != nil {
+		writeError(w, badRequest(err.Error(), "messages"))
+		return
+	}
+	// The template writes the model's special tokens itself.
+	tokens, err := s.cfg.Tokenizer.Encode(text, false)
+	if err != nil {
+		writeError(w, tokenizerError(err))
+		return
+	}
+	g, e := s.spec(r, true, &req.commonParams, []promptInput{{text: text, tokens: tokens}})
 	if e != nil {
 		writeError(w, e)
 		return
@@ -70,18 +92,8 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	s.generate(w, r, g)
 }
 
-// chatTemplate renders messages in the Llama 3 chat format, ending with
-// the header of the assistant's turn.
-func chatTemplate(msgs []chatMessage) string {
-	var b strings.Builder
-	b.WriteString("<|begin_of_text|>")
-	for _, m := range msgs {
-		b.WriteString("<|start_header_id|>")
-		b.WriteString(m.Role)
-		b.WriteString("<|end_header_id|>\n\n")
-		b.WriteString(m.Content.text)
-		b.WriteString("<|eot_id|>")
-	}
-	b.WriteString("<|start_header_id|>assistant<|end_header_id|>\n\n")
-	return b.String()
+// tokenizerError is the client's error when the tokenizer failed: its
+// process is down, which a retry elsewhere or later gets around.
+func tokenizerError(err error) *apiError {
+	return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the tokenizer is unavailable: " + err.Error()}
 }

@@ -38,6 +38,7 @@ type genSpec struct {
 	stream       bool
 	includeUsage bool
 	echo         bool
+	tokenIDs     bool
 	rank         int
 }
 
@@ -49,7 +50,7 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 		return nil, e
 	}
 	g := &genSpec{chat: chat, created: time.Now().Unix(), model: s.cfg.Backend.Model(), prompts: prompts,
-		n: 1, stops: p.Stop, includeStop: p.IncludeStopStr, stream: p.Stream}
+		n: 1, stops: p.Stop, includeStop: p.IncludeStopStr, stream: p.Stream, tokenIDs: p.ReturnTokenIDs}
 	if chat {
 		g.id = newID("chatcmpl")
 	} else {
@@ -67,6 +68,8 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 		return nil, badRequest(fmt.Sprintf("temperature must be between 0 and 2, got %v", *p.Temperature), "temperature")
 	case p.TopP != nil && (*p.TopP <= 0 || *p.TopP > 1):
 		return nil, badRequest(fmt.Sprintf("top_p must be in (0, 1], got %v", *p.TopP), "top_p")
+	case p.TopK != nil && *p.TopK < -1:
+		return nil, badRequest(fmt.Sprintf("top_k must be -1 (or 0) to keep every token, or at least 1; got %d", *p.TopK), "top_k")
 	case p.MinTokens < 0:
 		return nil, badRequest(fmt.Sprintf("min_tokens must be at least 0, got %d", p.MinTokens), "min_tokens")
 	case p.StreamOptions != nil && !p.Stream:
@@ -111,11 +114,17 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 		if sp.MinTokens > sp.MaxTokens {
 			return nil, badRequest(fmt.Sprintf("min_tokens (%d) must not exceed %s (%d)", sp.MinTokens, param, sp.MaxTokens), "min_tokens")
 		}
+		// OpenAI's and vLLM's default temperature is 1: sampling, not
+		// greedy decoding, unless the client asks for 0.
+		sp.Temperature = 1
 		if p.Temperature != nil {
 			sp.Temperature = float32(*p.Temperature)
 		}
 		if p.TopP != nil {
 			sp.TopP = float32(*p.TopP)
+		}
+		if p.TopK != nil && *p.TopK > 0 {
+			sp.TopK = *p.TopK
 		}
 		g.sampling = append(g.sampling, sp)
 	}
@@ -129,8 +138,10 @@ type choice struct {
 	text   []byte
 	// sent is how much of text the client has; only text that cannot
 	// still turn out to be the start of a stop string is sent.
-	sent   int
-	tokens int
+	sent int
+	// ids are the tokens generated; ids[idsSent:] are not yet streamed.
+	ids     []uint32
+	idsSent int
 	// rank served the latest tokens; -1 before the first.
 	rank int
 	// cached counts the prompt tokens found in the prefix cache.
@@ -168,7 +179,10 @@ func (c *choice) addText(delta string, stops []string, includeStop bool) bool {
 
 // pending returns text the client can have now: all of it once the choice
 // is done, else all but a tail that might begin a stop string, cut at a
-// rune boundary.
+// rune boundary, and never the first bytes of a character whose last ones
+// the next token brings (a token may hold part of a character). What is
+// left incomplete at the end is the client's as is, and JSON gives it as
+// U+FFFD, as vLLM does.
 func (c *choice) pending(stops []string) string {
 	end := len(c.text)
 	if !c.done {
@@ -177,6 +191,15 @@ func (c *choice) pending(stops []string) string {
 		}
 		for end > c.sent && end < len(c.text) && !utf8.RuneStart(c.text[end]) {
 			end--
+		}
+		if end == len(c.text) {
+			start := end - 1
+			for start > c.sent && end-start < utf8.UTFMax && !utf8.RuneStart(c.text[start]) {
+				start--
+			}
+			if start >= c.sent && utf8.RuneStart(c.text[start]) && !utf8.FullRune(c.text[start:end]) {
+				end = start
+			}
 		}
 	}
 	if end <= c.sent {
@@ -272,7 +295,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 				}
 				return
 			}
-			c.tokens += len(ev.Tokens)
+			c.ids = append(c.ids, ev.Tokens...)
 			if len(ev.Tokens) > 0 {
 				c.rank = ev.Rank
 			}
@@ -320,7 +343,7 @@ func (g *genSpec) usage(choices []*choice) usage {
 	}
 	cached := 0
 	for i, c := range choices {
-		u.CompletionTokens += c.tokens
+		u.CompletionTokens += len(c.ids)
 		if i%g.n == 0 {
 			cached += c.cached
 		}
@@ -333,8 +356,15 @@ func (g *genSpec) usage(choices []*choice) usage {
 func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u usage) {
 	if g.chat {
 		resp := chatResponse{ID: g.id, Object: "chat.completion", Created: g.created, Model: g.model, Usage: u}
+		if g.tokenIDs {
+			resp.PromptTokenIDs = g.prompts[0].tokens
+		}
 		for i, c := range choices {
-			resp.Choices = append(resp.Choices, chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: string(c.text)}, FinishReason: c.finish})
+			ch := chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: string(c.text)}, FinishReason: c.finish}
+			if g.tokenIDs {
+				ch.TokenIDs = nonNil(c.ids)
+			}
+			resp.Choices = append(resp.Choices, ch)
 		}
 		writeJSON(w, http.StatusOK, resp)
 		return
@@ -345,9 +375,21 @@ func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u
 		if g.echo {
 			text = g.prompts[c.prompt].text + text
 		}
-		resp.Choices = append(resp.Choices, completionChoice{Index: i, Text: text, FinishReason: strp(c.finish)})
+		ch := completionChoice{Index: i, Text: text, FinishReason: strp(c.finish)}
+		if g.tokenIDs {
+			ch.PromptTokenIDs, ch.TokenIDs = g.prompts[c.prompt].tokens, nonNil(c.ids)
+		}
+		resp.Choices = append(resp.Choices, ch)
 	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// nonNil keeps an empty list a list in JSON.
+func nonNil(ids []uint32) []uint32 {
+	if ids == nil {
+		return []uint32{}
+	}
+	return ids
 }
 
 // streamChunks writes one chunk per choice that has news in evs.
@@ -368,8 +410,13 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 		if c.done {
 			finish = strp(c.finish)
 		}
+		var ids []uint32
+		if g.tokenIDs {
+			ids = nonNil(c.ids[c.idsSent:])
+			c.idsSent = len(c.ids)
+		}
 		if g.chat {
-			ch := chatChunkChoice{Index: ev.Index, Delta: chatDelta{Content: &text}, FinishReason: finish}
+			ch := chatChunkChoice{Index: ev.Index, Delta: chatDelta{Content: &text}, FinishReason: finish, TokenIDs: ids}
 			if !c.started {
 				ch.Delta.Role = "assistant"
 			}
@@ -378,8 +425,12 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 			if !c.started && g.echo {
 				text = g.prompts[c.prompt].text + text
 			}
+			ch := completionChoice{Index: ev.Index, Text: text, FinishReason: finish, TokenIDs: ids}
+			if !c.started && g.tokenIDs {
+				ch.PromptTokenIDs = g.prompts[c.prompt].tokens
+			}
 			out.data(completionResponse{ID: g.id, Object: "text_completion", Created: g.created, Model: g.model,
-				Choices: []completionChoice{{Index: ev.Index, Text: text, FinishReason: finish}}})
+				Choices: []completionChoice{ch}})
 		}
 		c.started, c.finishSent = true, c.done
 	}

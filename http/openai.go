@@ -120,6 +120,7 @@ type commonParams struct {
 	MinTokens           int            `json:"min_tokens"`
 	Temperature         *float64       `json:"temperature"`
 	TopP                *float64       `json:"top_p"`
+	TopK                *int           `json:"top_k"`
 	N                   *int           `json:"n"`
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
@@ -128,6 +129,9 @@ type commonParams struct {
 	IncludeStopStr      bool           `json:"include_stop_str_in_output"`
 	Seed                *int64         `json:"seed"`
 	IgnoreEOS           bool           `json:"ignore_eos"`
+	// ReturnTokenIDs adds the prompt's and the completion's token ids to
+	// the response, as vLLM's return_token_ids does.
+	ReturnTokenIDs bool `json:"return_token_ids"`
 }
 
 type chatMessage struct {
@@ -173,15 +177,17 @@ type chatChoice struct {
 	Message      chatMessageOut `json:"message"`
 	Logprobs     *struct{}      `json:"logprobs"`
 	FinishReason string         `json:"finish_reason"`
+	TokenIDs     []uint32       `json:"token_ids,omitempty"`
 }
 
 type chatResponse struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   usage        `json:"usage"`
+	ID             string       `json:"id"`
+	Object         string       `json:"object"`
+	Created        int64        `json:"created"`
+	Model          string       `json:"model"`
+	Choices        []chatChoice `json:"choices"`
+	Usage          usage        `json:"usage"`
+	PromptTokenIDs []uint32     `json:"prompt_token_ids,omitempty"`
 }
 
 type chatDelta struct {
@@ -194,6 +200,7 @@ type chatChunkChoice struct {
 	Delta        chatDelta `json:"delta"`
 	Logprobs     *struct{} `json:"logprobs"`
 	FinishReason *string   `json:"finish_reason"`
+	TokenIDs     []uint32  `json:"token_ids,omitempty"`
 }
 
 type chatChunk struct {
@@ -206,10 +213,12 @@ type chatChunk struct {
 }
 
 type completionChoice struct {
-	Index        int       `json:"index"`
-	Text         string    `json:"text"`
-	Logprobs     *struct{} `json:"logprobs"`
-	FinishReason *string   `json:"finish_reason"`
+	Index          int       `json:"index"`
+	Text           string    `json:"text"`
+	Logprobs       *struct{} `json:"logprobs"`
+	FinishReason   *string   `json:"finish_reason"`
+	PromptTokenIDs []uint32  `json:"prompt_token_ids,omitempty"`
+	TokenIDs       []uint32  `json:"token_ids,omitempty"`
 }
 
 type completionResponse struct {

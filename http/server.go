@@ -42,6 +42,9 @@ var _ Backend = (*actors.Node)(nil)
 type Config struct {
 	Backend   Backend
 	Tokenizer engine.Tokenizer
+	// ChatTemplate renders chat requests; nil refuses them (a model
+	// without a template).
+	ChatTemplate ChatTemplate
 	// MaxModelLen bounds prompt plus output, as the engines do; requests
 	// beyond it are refused before they reach an engine.
 	MaxModelLen int
@@ -81,7 +84,7 @@ func New(cfg Config) (*Server, error) {
 	switch {
 	case cfg.Backend == nil:
 		return nil, errors.New("httpapi: a backend is required")
-	case cfg.Tokenizer == nil:
+	case cfg.Tokenizer == nil && !cfg.MetricsOnly:
 		return nil, errors.New("httpapi: a tokenizer is required")
 	case cfg.MaxModelLen < 2:
 		return nil, fmt.Errorf("httpapi: max model length %d is too small", cfg.MaxModelLen)

@@ -15,6 +15,7 @@ import (
 	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/cluster"
 	"github.com/dpnode/dpnode/dp"
+	"github.com/dpnode/dpnode/engine/llamacpp"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -35,8 +36,62 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newJoinCommand())
+	root.AddCommand(newJoinCommand(), newTestModelCommand())
 	return root
+}
+
+func newTestModelCommand() *cobra.Command {
+	cfg := llamacpp.DefaultTestModel()
+	var out, template string
+	cmd := &cobra.Command{
+		Use:   "testmodel",
+		Short: "Write a small random-weight model with a real tokenizer, for tests of the llama.cpp engine",
+		Long: `Write a GGUF model of the Llama architecture with random weights and the
+tokenizer of a vocabulary file (llama.cpp ships them as models/ggml-vocab-*.gguf;
+make llamacpp puts them under .llamacpp/src/models). Its text is nonsense, but
+llama.cpp computes it as it would a trained model's; the same seed always
+writes the same file.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if out == "" {
+				return fmt.Errorf("invalid flags: --out is required")
+			}
+			if template != "" {
+				b, err := os.ReadFile(template)
+				if err != nil {
+					return fmt.Errorf("--chat-template: %w", err)
+				}
+				cfg.ChatTemplate = string(b)
+			}
+			f, err := os.Create(out)
+			if err != nil {
+				return err
+			}
+			if err := llamacpp.WriteTestModel(f, cfg); err != nil {
+				f.Close()
+				os.Remove(out)
+				return err
+			}
+			if err := f.Close(); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "wrote", out)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Vocab, "vocab", "", "GGUF file whose tokenizer the model takes (required)")
+	f.StringVar(&template, "chat-template", "", "Jinja chat template file for tokenizer.chat_template (default: the vocabulary file's, if any)")
+	f.StringVar(&out, "out", "", "file to write (required)")
+	f.IntVar(&cfg.Layers, "layers", cfg.Layers, "transformer blocks")
+	f.IntVar(&cfg.Embedding, "embedding", cfg.Embedding, "width of the residual stream")
+	f.IntVar(&cfg.Heads, "heads", cfg.Heads, "attention heads")
+	f.IntVar(&cfg.KVHeads, "kv-heads", cfg.KVHeads, "key-value heads")
+	f.IntVar(&cfg.FeedForward, "feed-forward", cfg.FeedForward, "width of the feed-forward layers")
+	f.IntVar(&cfg.ContextLength, "context-length", cfg.ContextLength, "context length the model claims")
+	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the weights")
+	_ = cmd.MarkFlagRequired("vocab")
+	return cmd
 }
 
 func newJoinCommand() *cobra.Command {
@@ -88,9 +143,14 @@ calibrated simulated executor.`,
 	f.StringVar(&o.TLS.CA, "cluster-tls-ca", "", "PEM certificate of the cluster CA that signs every node's certificate")
 	f.BoolVar(&o.ExpertParallel, "enable-expert-parallel", false, "MoE with expert parallelism: ranks step in lockstep waves (needs a MoE profile)")
 	f.DurationVar(&o.CollectiveTimeout, "ep-collective-timeout", o.CollectiveTimeout, "how long a step waits for a lost rank before the others go on without it")
-	f.StringVar(&o.Model, "model", "", "model to serve (default: the simulated profile's model)")
+	f.StringVar(&o.Model, "model", "", "model to serve: with --engine llamacpp a GGUF file (default: the simulated profile's model)")
 	f.StringVar(&o.ServedModelName, "served-model-name", "", "model name clients use (default: --model)")
-	f.StringVar(&o.Engine, "engine", o.Engine, "executor: sim (the calibrated simulated executor)")
+	f.StringVar(&o.Engine, "engine", o.Engine, "executor: sim (the calibrated simulated executor) or llamacpp (--model in llama.cpp, a worker process per rank; make llamacpp installs it)")
+	f.IntVar(&o.Threads, "threads", o.Threads, "llamacpp: CPU threads per rank (default: the cores shared among the local ranks)")
+	f.StringVar(&o.KVCacheMemory, "kv-cache-memory-bytes", "", "llamacpp: KV cache per rank, as 4GiB, 512MB or bytes (default: from --gpu-memory-utilization on GPUs, 4GiB on CPU)")
+	f.Float64Var(&o.GPUMemoryUtilization, "gpu-memory-utilization", o.GPUMemoryUtilization, "llamacpp: share of each GPU's memory a rank uses for weights and KV cache")
+	f.StringVar(&o.ChatTemplate, "chat-template", "", "llamacpp: Jinja chat template file to use instead of the model's own")
+	f.StringVar(&o.KVCacheDtype, "kv-cache-dtype", o.KVCacheDtype, "llamacpp: KV cache element type: auto (the model's: float32 for an F32 model, else float16), float16 or float32")
 	f.StringVar(&o.SimProfile, "sim-profile", o.SimProfile, "simulated GPU+model profile: a built-in name or a path to a profile .json")
 	f.Float64Var(&o.SimTimeScale, "sim-time-scale", o.SimTimeScale, "multiply simulated step times by this (0 runs steps at no cost)")
 	f.IntVar(&o.GPUs, "gpus", o.GPUs, "virtual GPUs to use where NVML finds no driver")

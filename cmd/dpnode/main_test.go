@@ -109,7 +109,7 @@ func TestSIGTERMDrainsThenExitsZero(t *testing.T) {
 		}
 	}
 	tok := sim.NewTokenizer(0)
-	h := engine.PromptHash(tok.Encode("drain me"), nil)
+	h := engine.PromptHash(tok.Tokens("drain me"), nil)
 	sp := &engine.SamplingParams{IgnoreEOS: true}
 	var want []uint32
 	for i := range 60 {

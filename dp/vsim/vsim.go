@@ -205,7 +205,7 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 			return nil, err
 		}
 	}
-	if cfg.Scheduler == (engine.SchedulerConfig{}) {
+	if cfg.Scheduler.NumBlocks == 0 {
 		cfg.Scheduler = cfg.Profile.SchedulerConfig()
 	}
 	if cfg.SnapshotInterval <= 0 {

@@ -77,7 +77,7 @@ func (e *Executor) StepTime(b *engine.Batch) time.Duration {
 // Execute implements engine.Executor.
 func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepResult, error) {
 	d := e.StepTime(b)
-	res := engine.StepResult{Tokens: make([]uint32, len(b.Requests)), Duration: d}
+	res := engine.StepResult{Tokens: make([]uint32, len(b.Requests)), Duration: d, ComputedTokens: b.NumTokens()}
 	for i := range b.Requests {
 		r := &b.Requests[i]
 		if r.SampleIndex >= 0 {

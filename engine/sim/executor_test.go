@@ -88,7 +88,7 @@ func TestNewExecutorRejectsBadConfig(t *testing.T) {
 
 func TestSampleIsDeterministicWordsEndingInEOS(t *testing.T) {
 	tok := NewTokenizer(0)
-	h := engine.PromptHash(tok.Encode("Tell me about data parallelism."), nil)
+	h := engine.PromptHash(tok.Tokens("Tell me about data parallelism."), nil)
 	sp := &engine.SamplingParams{}
 	n := NaturalLength(h)
 	if n < 32 || n > 1024 {
@@ -142,8 +142,8 @@ func TestTokenizerIsPrefixStable(t *testing.T) {
 		{"a", " b"},
 	}
 	for _, c := range cases {
-		whole := tok.Encode(c.prefix + c.rest)
-		head := tok.Encode(c.prefix)
+		whole := tok.Tokens(c.prefix + c.rest)
+		head := tok.Tokens(c.prefix)
 		if len(whole) < len(head) {
 			t.Fatalf("%q: whole shorter than prefix", c.prefix)
 		}
@@ -153,13 +153,13 @@ func TestTokenizerIsPrefixStable(t *testing.T) {
 			}
 		}
 	}
-	if got := tok.Decode(tok.Encode(" the model and the cache")); got != " the model and the cache" {
+	if got := tok.Decode(tok.Tokens(" the model and the cache")); got != " the model and the cache" {
 		t.Fatalf("vocabulary words do not round-trip: %q", got)
 	}
-	if n := len(tok.Encode(strings.Repeat(" word", 1000))); n != 1000 {
+	if n := len(tok.Tokens(strings.Repeat(" word", 1000))); n != 1000 {
 		t.Fatalf("1000 words encode to %d tokens", n)
 	}
-	if ids := tok.Encode("<|start_header_id|>user<|end_header_id|>"); len(ids) != 3 || tok.Decode(ids[:1]) != "" {
+	if ids := tok.Tokens("<|start_header_id|>user<|end_header_id|>"); len(ids) != 3 || tok.Decode(ids[:1]) != "" {
 		t.Fatalf("chat template markers encode to %v; want one silent token each", ids)
 	}
 }
@@ -168,7 +168,7 @@ func FuzzTokenizerEncode(f *testing.F) {
 	tok := NewTokenizer(0)
 	f.Add("hello world, 1234567 ünï\n\n  x")
 	f.Fuzz(func(t *testing.T, s string) {
-		ids := tok.Encode(s)
+		ids := tok.Tokens(s)
 		if len(ids) > len(s) {
 			t.Fatalf("%d tokens from %d bytes", len(ids), len(s))
 		}

@@ -465,6 +465,6 @@ func (p *Profile) SchedulerConfig() engine.SchedulerConfig {
 		NumBlocks:           p.KVCacheBlocks,
 		MaxModelLen:         p.MaxModelLen,
 		EnablePrefixCaching: true,
-		EOSTokenID:          EOSToken,
+		EOSTokenIDs:         []uint32{EOSToken},
 	}
 }

@@ -50,7 +50,7 @@ func replayDecode(t *testing.T, p *Profile, batch, contextTokens int) float64 {
 		NumBlocks:           p.KVCacheBlocks,
 		MaxModelLen:         p.MaxModelLen,
 		EnablePrefixCaching: true,
-		EOSTokenID:          EOSToken,
+		EOSTokenIDs:         []uint32{EOSToken},
 	}
 	s, err := engine.NewScheduler(cfg)
 	if err != nil {

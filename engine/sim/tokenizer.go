@@ -110,16 +110,19 @@ func NewTokenizer(vocabSize uint32) *Tokenizer {
 	return t
 }
 
-// EOS is the end-of-sequence token.
-func (t *Tokenizer) EOS() uint32 { return EOSToken }
-
 // numWords is how many ids decode to words.
 func (t *Tokenizer) numWords() int { return len(vocabulary) }
 
-// Encode splits text into pieces (a word with its leading space, a run of
+// Encode implements engine.Tokenizer; the simulated model adds no special
+// tokens of its own, and never fails.
+func (t *Tokenizer) Encode(text string, _ bool) ([]uint32, error) {
+	return t.Tokens(text), nil
+}
+
+// Tokens splits text into pieces (a word with its leading space, a run of
 // at most three digits, one punctuation or other character, a run of
 // whitespace) and maps each to an id.
-func (t *Tokenizer) Encode(text string) []uint32 {
+func (t *Tokenizer) Tokens(text string) []uint32 {
 	ids := make([]uint32, 0, len(text)/4+1)
 	for len(text) > 0 {
 		n := pieceLen(text)

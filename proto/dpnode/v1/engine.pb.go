@@ -103,7 +103,10 @@ type SamplingParams struct {
 	// Keep generating past the end-of-sequence token, up to max_tokens.
 	IgnoreEos bool `protobuf:"varint,6,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
 	// Token ids that end the request when sampled.
-	StopTokenIds  []uint32 `protobuf:"varint,7,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
+	StopTokenIds []uint32 `protobuf:"varint,7,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
+	// Sample among this many most likely tokens; 0 (or -1, vLLM's way of
+	// saying it) keeps them all.
+	TopK          int32 `protobuf:"varint,8,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -187,6 +190,13 @@ func (x *SamplingParams) GetStopTokenIds() []uint32 {
 	return nil
 }
 
+func (x *SamplingParams) GetTopK() int32 {
+	if x != nil {
+		return x.TopK
+	}
+	return 0
+}
+
 // AddRequest hands a request to one engine.
 type AddRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -205,8 +215,13 @@ type AddRequest struct {
 	Wave uint64 `protobuf:"varint,6,opt,name=wave,proto3" json:"wave,omitempty"`
 	// Arrival time at the API server, in Unix nanoseconds, for queue-time stats.
 	ArrivalUnixNano int64 `protobuf:"varint,7,opt,name=arrival_unix_nano,json=arrivalUnixNano,proto3" json:"arrival_unix_nano,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How often the request was moved before this dispatch. The engine
+	// echoes it in every output, so that an API server that moved a request
+	// to the same engine tells the new dispatch's outputs from the old one's
+	// still on their way.
+	Attempt       uint32 `protobuf:"varint,8,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AddRequest) Reset() {
@@ -288,6 +303,13 @@ func (x *AddRequest) GetArrivalUnixNano() int64 {
 	return 0
 }
 
+func (x *AddRequest) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
 // AbortRequests removes requests from an engine and frees their KV blocks.
 type AbortRequests struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -343,7 +365,9 @@ type RequestOutput struct {
 	// scheduled on this engine; set on the first output only.
 	NumCachedTokens uint32 `protobuf:"varint,4,opt,name=num_cached_tokens,json=numCachedTokens,proto3" json:"num_cached_tokens,omitempty"`
 	// Set when finish_reason is FINISH_REASON_ERROR.
-	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// The attempt of the AddRequest this output answers.
+	Attempt       uint32 `protobuf:"varint,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -411,6 +435,13 @@ func (x *RequestOutput) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *RequestOutput) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
 }
 
 // StepOutputs carries every output of one engine step for one API server:
@@ -511,10 +542,13 @@ type EngineStats struct {
 	// Steps run since the engine started.
 	Step uint64 `protobuf:"varint,9,opt,name=step,proto3" json:"step,omitempty"`
 	// The engine's wave and whether it is stepping in one (MoE only).
-	Wave          uint64 `protobuf:"varint,10,opt,name=wave,proto3" json:"wave,omitempty"`
-	WaveRunning   bool   `protobuf:"varint,11,opt,name=wave_running,json=waveRunning,proto3" json:"wave_running,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Wave        uint64 `protobuf:"varint,10,opt,name=wave,proto3" json:"wave,omitempty"`
+	WaveRunning bool   `protobuf:"varint,11,opt,name=wave_running,json=waveRunning,proto3" json:"wave_running,omitempty"`
+	// Cumulative tokens the model computed, as its executor counted them:
+	// prefix-cache hits are not computed again.
+	ComputedTokens uint64 `protobuf:"varint,12,opt,name=computed_tokens,json=computedTokens,proto3" json:"computed_tokens,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *EngineStats) Reset() {
@@ -622,6 +656,13 @@ func (x *EngineStats) GetWaveRunning() bool {
 		return x.WaveRunning
 	}
 	return false
+}
+
+func (x *EngineStats) GetComputedTokens() uint64 {
+	if x != nil {
+		return x.ComputedTokens
+	}
+	return 0
 }
 
 // ListRequests asks an engine which requests it holds.
@@ -782,7 +823,7 @@ var File_dpnode_v1_engine_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\n" +
-	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\xec\x01\n" +
+	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\x81\x02\n" +
 	"\x0eSamplingParams\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x01 \x01(\rR\tmaxTokens\x12\x1d\n" +
@@ -793,8 +834,9 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\x04seed\x18\x05 \x01(\x03H\x00R\x04seed\x88\x01\x01\x12\x1d\n" +
 	"\n" +
 	"ignore_eos\x18\x06 \x01(\bR\tignoreEos\x12$\n" +
-	"\x0estop_token_ids\x18\a \x03(\rR\fstopTokenIdsB\a\n" +
-	"\x05_seed\"\x99\x02\n" +
+	"\x0estop_token_ids\x18\a \x03(\rR\fstopTokenIds\x12\x13\n" +
+	"\x05top_k\x18\b \x01(\x05R\x04topKB\a\n" +
+	"\x05_seed\"\xb3\x02\n" +
 	"\n" +
 	"AddRequest\x12\x1d\n" +
 	"\n" +
@@ -804,23 +846,25 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\x10output_token_ids\x18\x04 \x03(\rR\x0eoutputTokenIds\x12!\n" +
 	"\fengine_epoch\x18\x05 \x01(\x04R\vengineEpoch\x12\x12\n" +
 	"\x04wave\x18\x06 \x01(\x04R\x04wave\x12*\n" +
-	"\x11arrival_unix_nano\x18\a \x01(\x03R\x0farrivalUnixNano\"0\n" +
+	"\x11arrival_unix_nano\x18\a \x01(\x03R\x0farrivalUnixNano\x12\x18\n" +
+	"\aattempt\x18\b \x01(\rR\aattempt\"0\n" +
 	"\rAbortRequests\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
-	"requestIds\"\xd2\x01\n" +
+	"requestIds\"\xec\x01\n" +
 	"\rRequestOutput\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\"\n" +
 	"\rnew_token_ids\x18\x02 \x03(\rR\vnewTokenIds\x12<\n" +
 	"\rfinish_reason\x18\x03 \x01(\x0e2\x17.dpnode.v1.FinishReasonR\ffinishReason\x12*\n" +
 	"\x11num_cached_tokens\x18\x04 \x01(\rR\x0fnumCachedTokens\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"\xba\x01\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12\x18\n" +
+	"\aattempt\x18\x06 \x01(\rR\aattempt\"\xba\x01\n" +
 	"\vStepOutputs\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12!\n" +
 	"\fengine_epoch\x18\x02 \x01(\x04R\vengineEpoch\x12\x12\n" +
 	"\x04step\x18\x03 \x01(\x04R\x04step\x122\n" +
 	"\aoutputs\x18\x04 \x03(\v2\x18.dpnode.v1.RequestOutputR\aoutputs\x12,\n" +
-	"\x05stats\x18\x05 \x01(\v2\x16.dpnode.v1.EngineStatsR\x05stats\"\xfe\x02\n" +
+	"\x05stats\x18\x05 \x01(\v2\x16.dpnode.v1.EngineStatsR\x05stats\"\xa7\x03\n" +
 	"\vEngineStats\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12!\n" +
 	"\fengine_epoch\x18\x02 \x01(\x04R\vengineEpoch\x12\x1f\n" +
@@ -835,7 +879,8 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\x04step\x18\t \x01(\x04R\x04step\x12\x12\n" +
 	"\x04wave\x18\n" +
 	" \x01(\x04R\x04wave\x12!\n" +
-	"\fwave_running\x18\v \x01(\bR\vwaveRunning\"\x0e\n" +
+	"\fwave_running\x18\v \x01(\bR\vwaveRunning\x12'\n" +
+	"\x0fcomputed_tokens\x18\f \x01(\x04R\x0ecomputedTokens\"\x0e\n" +
 	"\fListRequests\"e\n" +
 	"\vRequestList\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12!\n" +

@@ -1,0 +1,481 @@
+//go:build llamacpp
+
+package cluster_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/dpnode/dpnode/cluster"
+	"github.com/dpnode/dpnode/engine/llamacpp"
+	"github.com/dpnode/dpnode/engine/llamacpp/llamacpptest"
+)
+
+// llamaNode is an in-process node serving the test model with the
+// llama.cpp engine.
+type llamaNode struct {
+	run  *cluster.Running
+	base string
+	http *http.Client
+}
+
+func startLlamaNode(t *testing.T, mutate ...func(*cluster.Options)) *llamaNode {
+	t.Helper()
+	llamacpptest.Worker(t)
+	o := cluster.DefaultOptions()
+	o.Host, o.Port = "127.0.0.1", 0
+	o.Bind, o.RPCPort = "127.0.0.1:0", 0
+	o.Engine = "llamacpp"
+	o.Model = llamacpptest.Model(t)
+	o.Threads = 1
+	o.MaxNumSeqs = 64
+	o.KVCacheMemory = "32MiB"
+	o.GPUs = 2
+	o.DrainTimeout = 10 * time.Second
+	o.Logger = slog.New(slog.DiscardHandler)
+	for _, f := range mutate {
+		f(&o)
+	}
+	run, err := cluster.Start(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &llamaNode{run: run, base: "http://" + run.Addr(), http: &http.Client{Transport: &http.Transport{}}}
+	liveNodes.Add(1)
+	t.Cleanup(func() {
+		n.http.CloseIdleConnections()
+		if err := run.Shutdown(); err != nil {
+			t.Error(err)
+		}
+		if liveNodes.Add(-1) == 0 {
+			if pids := workerPids(t, ""); len(pids) > 0 {
+				t.Errorf("workers still running after every node stopped: %v", pids)
+			}
+		}
+	})
+	return n
+}
+
+// liveNodes counts the nodes of this process, whose workers may run.
+var liveNodes atomic.Int32
+
+type completion struct {
+	Choices []struct {
+		Text         string   `json:"text"`
+		TokenIDs     []uint32 `json:"token_ids"`
+		FinishReason string   `json:"finish_reason"`
+	} `json:"choices"`
+	Usage struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+}
+
+// greedy asks for prompt's greedy continuation, maxTokens long past end
+// tokens, and returns its token ids and cached prompt tokens.
+func (n *llamaNode) greedy(t *testing.T, prompt []uint32, maxTokens int) ([]uint32, int) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true, "return_token_ids": true})
+	resp, err := n.http.Post(n.base+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return nil, 0
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var c completion
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &c) != nil || len(c.Choices) != 1 {
+		t.Errorf("completion: %d %s", resp.StatusCode, b)
+		return nil, 0
+	}
+	return c.Choices[0].TokenIDs, c.Usage.PromptTokensDetails.CachedTokens
+}
+
+func (n *llamaNode) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := n.http.Get(n.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			sum += v
+		}
+	}
+	return sum
+}
+
+// prompts are token-id prompts of Llama 3's vocabulary, of lengths from
+// 5 to 300, that share nothing but the BOS token.
+func prompts(n int) [][]uint32 {
+	var out [][]uint32
+	for i := range n {
+		p := []uint32{128000}
+		for j := range 4 + (i*37)%296 {
+			p = append(p, uint32(300+(i*7919+j*104729)%100000))
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// workerPids lists this process's workers whose role starts with role.
+func workerPids(t *testing.T, role string) []int {
+	t.Helper()
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) || f[0] == "Z" {
+			continue
+		}
+		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if bytes.Contains(env, []byte(llamacpp.WorkerRoleEnv+"="+role)) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestLlamaCppServesOpenAIClients is the OpenAI Go SDK against a node
+// that serves the test model: completions, chat, and chat streamed with
+// usage.
+func TestLlamaCppServesOpenAIClients(t *testing.T) {
+	n := startLlamaNode(t)
+	client := openai.NewClient(option.WithBaseURL(n.base+"/v1"), option.WithAPIKey("none"), option.WithHTTPClient(n.http), option.WithMaxRetries(0))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	models, err := client.Models.List(ctx)
+	if err != nil || len(models.Data) != 1 || models.Data[0].ID != llamacpptest.Model(t) {
+		t.Fatalf("models: %+v %v", models, err)
+	}
+	comp, err := client.Completions.New(ctx, openai.CompletionNewParams{
+		Model:       openai.CompletionNewParamsModel(models.Data[0].ID),
+		Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String("Hello world, this is a test")},
+		MaxTokens:   openai.Int(12),
+		Temperature: openai.Float(0),
+	}, option.WithJSONSet("ignore_eos", true))
+	if err != nil || comp.Choices[0].Text == "" || comp.Choices[0].FinishReason != "length" || comp.Usage.CompletionTokens != 12 || comp.Usage.PromptTokens != 8 {
+		t.Fatalf("completion: %+v %v", comp, err)
+	}
+	// A text prompt is the token-id prompt its tokenizer gives, with BOS.
+	ids, _ := n.greedy(t, []uint32{128000, 9906, 1917, 11, 420, 374, 264, 1296}, 12)
+	if want := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", 12, [][]uint32{{128000, 9906, 1917, 11, 420, 374, 264, 1296}})[0]; !slices.Equal(ids, want) {
+		t.Fatalf("token ids %v, llama.cpp %v", ids, want)
+	}
+
+	chat, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:     openai.ChatModel(models.Data[0].ID),
+		Messages:  []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("Be brief."), openai.UserMessage("Hello")},
+		MaxTokens: openai.Int(10),
+	}, option.WithJSONSet("ignore_eos", true))
+	if err != nil || chat.Choices[0].Message.Content == "" || chat.Usage.CompletionTokens != 10 {
+		t.Fatalf("chat: %+v %v", chat, err)
+	}
+	// The Llama 3.1 template writes a system header with dates.
+	if chat.Usage.PromptTokens < 30 {
+		t.Fatalf("the chat prompt has %d tokens; the model's template was not rendered", chat.Usage.PromptTokens)
+	}
+
+	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model:         openai.ChatModel(models.Data[0].ID),
+		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a story")},
+		MaxTokens:     openai.Int(20),
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	}, option.WithJSONSet("ignore_eos", true))
+	var text strings.Builder
+	var usage openai.CompletionUsage
+	finish := ""
+	for stream.Next() {
+		c := stream.Current()
+		for _, ch := range c.Choices {
+			text.WriteString(ch.Delta.Content)
+			if ch.FinishReason != "" {
+				finish = ch.FinishReason
+			}
+		}
+		if c.Usage.TotalTokens > 0 {
+			usage = c.Usage
+		}
+	}
+	if err := stream.Err(); err != nil || text.Len() == 0 || finish != "length" || usage.CompletionTokens != 20 {
+		t.Fatalf("streamed chat: %q finish %q usage %+v err %v", text.String(), finish, usage, err)
+	}
+}
+
+// TestLlamaCppGreedyIsLlamaCpps compares dpnode's greedy continuations of
+// token-id prompts, served concurrently on two ranks, with llama.cpp's own
+// single-sequence ones.
+func TestLlamaCppGreedyIsLlamaCpps(t *testing.T) {
+	n := startLlamaNode(t)
+	ps := prompts(32)
+	want := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", 24, ps)
+	got := make([][]uint32, len(ps))
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Go(func() { got[i], _ = n.greedy(t, p, 24) })
+	}
+	wg.Wait()
+	for i := range ps {
+		if !slices.Equal(got[i], want[i]) {
+			t.Errorf("prompt %d (%d tokens), in a batch of %d:\n dpnode %v\nllama.cpp %v", i, len(ps[i]), len(ps), got[i], want[i])
+		}
+	}
+}
+
+// TestLlamaCppOutputDoesNotDependOnHowItIsServed serves one prompt alone,
+// among 31 others, in chunks, from the prefix cache, after preemption and
+// after its worker is killed mid-stream: it is the same every time, and
+// llama.cpp's own.
+func TestLlamaCppOutputDoesNotDependOnHowItIsServed(t *testing.T) {
+	ps := prompts(32)
+	target := ps[5]
+	want := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", 64, ps)
+
+	t.Run("alone, then from the prefix cache", func(t *testing.T) {
+		n := startLlamaNode(t)
+		got, cached := n.greedy(t, target, 64)
+		if !slices.Equal(got, want[5]) || cached != 0 {
+			t.Fatalf("alone: %v (cached %d)\nwant %v", got, cached, want[5])
+		}
+		got, cached = n.greedy(t, target, 64)
+		if !slices.Equal(got, want[5]) || cached == 0 {
+			t.Fatalf("after a prefix hit of %d tokens: %v\nwant %v", cached, got, want[5])
+		}
+	})
+	t.Run("in chunks of 16 tokens", func(t *testing.T) {
+		n := startLlamaNode(t, func(o *cluster.Options) { o.MaxNumBatchedTokens, o.MaxNumSeqs = 16, 16 })
+		if got, _ := n.greedy(t, target, 64); !slices.Equal(got, want[5]) {
+			t.Fatalf("chunked: %v\nwant %v", got, want[5])
+		}
+	})
+	t.Run("preempted", func(t *testing.T) {
+		// Room for about two of the 32 requests at a time.
+		n := startLlamaNode(t, func(o *cluster.Options) { o.KVCacheMemory, o.MaxModelLen, o.GPUs = "400KiB", 512, 1 })
+		got := make([][]uint32, len(ps))
+		var wg sync.WaitGroup
+		for i, p := range ps {
+			wg.Go(func() { got[i], _ = n.greedy(t, p, 64) })
+		}
+		wg.Wait()
+		if n.metric(t, "vllm:num_preemptions_total") == 0 {
+			t.Fatal("nothing was preempted; the KV cache is too large for the test")
+		}
+		for i := range ps {
+			if !slices.Equal(got[i], want[i]) {
+				t.Errorf("prompt %d with preemptions:\n dpnode %v\nllama.cpp %v", i, got[i], want[i])
+			}
+		}
+	})
+	t.Run("its worker killed mid-stream", func(t *testing.T) {
+		n := startLlamaNode(t)
+		type result struct {
+			ids []uint32
+			err error
+		}
+		results := make([]result, 8)
+		started := make(chan struct{}, len(results))
+		var wg sync.WaitGroup
+		for i := range results {
+			wg.Go(func() {
+				ids, err := n.streamIDs(ps[i], 64, started)
+				results[i] = result{ids, err}
+			})
+		}
+		for range results {
+			<-started
+		}
+		pids := workerPids(t, "rank-0")
+		if len(pids) != 1 {
+			t.Fatalf("rank 0's workers: %v", pids)
+		}
+		if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		wg.Wait()
+		for i, r := range results {
+			if r.err != nil || !slices.Equal(r.ids, want[i]) {
+				t.Errorf("stream %d across a killed worker: %v\n dpnode %v\nllama.cpp %v", i, r.err, r.ids, want[i])
+			}
+		}
+		if moved := n.metric(t, "dpnode_requests_migrated_total"); moved == 0 {
+			t.Fatal("no stream was migrated off the killed worker's rank")
+		}
+		if restarts := n.metric(t, "dpnode_engine_restarts_total"); restarts != 1 {
+			t.Fatalf("%v engine restarts, want 1", restarts)
+		}
+	})
+}
+
+// streamIDs streams prompt's greedy continuation and returns its token
+// ids; started gets a value at the first token.
+func (n *llamaNode) streamIDs(prompt []uint32, maxTokens int, started chan<- struct{}) ([]uint32, error) {
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
+		"return_token_ids": true, "stream": true})
+	resp, err := n.http.Post(n.base+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var ids []uint32
+	first := true
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || line == "[DONE]" {
+			continue
+		}
+		var c completion
+		if err := json.Unmarshal([]byte(line), &c); err != nil || len(c.Choices) == 0 {
+			return ids, fmt.Errorf("event %s", line)
+		}
+		ids = append(ids, c.Choices[0].TokenIDs...)
+		if first && len(ids) > 0 {
+			first = false
+			started <- struct{}{}
+		}
+	}
+	return ids, sc.Err()
+}
+
+// TestLlamaCppSharedPrefixIsComputedOnce sends a 2,000-token prompt, then
+// another that shares it: the node's workers compute only the second's
+// own tokens (dpnode_engine_computed_tokens_total), and the prefix cache
+// counts the reuse.
+func TestLlamaCppSharedPrefixIsComputedOnce(t *testing.T) {
+	n := startLlamaNode(t, func(o *cluster.Options) { o.GPUs = 1 })
+	prefix := prompts(1)[0][:1]
+	for j := range 1999 {
+		prefix = append(prefix, uint32(1000+(j*7)%5000))
+	}
+	if _, cached := n.greedy(t, append(slices.Clone(prefix), 11, 12, 13), 4); cached != 0 {
+		t.Fatalf("the first request found %d cached tokens", cached)
+	}
+	computedBefore := n.metric(t, "dpnode_engine_computed_tokens_total")
+	hitsBefore := n.metric(t, "vllm:prefix_cache_hits_total")
+	got, cached := n.greedy(t, append(slices.Clone(prefix), 21, 22), 4)
+	want := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", 4, [][]uint32{append(slices.Clone(prefix), 21, 22)})[0]
+	if !slices.Equal(got, want) || cached != 2000 {
+		t.Fatalf("second request: %v (cached %d), want %v and 2000 cached", got, cached, want)
+	}
+	// Stats reach /metrics with the engine's next report.
+	deadline := time.Now().Add(5 * time.Second)
+	for n.metric(t, "dpnode_engine_computed_tokens_total")-computedBefore < 5 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if computed := n.metric(t, "dpnode_engine_computed_tokens_total") - computedBefore; computed != 2+3 {
+		t.Fatalf("the second request computed %v tokens, want 5 (2 of prompt, 3 decodes)", computed)
+	}
+	if hits := n.metric(t, "vllm:prefix_cache_hits_total") - hitsBefore; hits != 2000 {
+		t.Fatalf("prefix cache hits rose by %v, want 2000", hits)
+	}
+}
+
+// TestLlamaCppFlagsAndModelsItCannotServe: what the engine refuses, it
+// refuses before serving, with a clear error.
+func TestLlamaCppFlagsAndModelsItCannotServe(t *testing.T) {
+	cases := []struct {
+		name   string
+		mutate func(*cluster.Options)
+		want   string
+	}{
+		{"expert parallelism", func(o *cluster.Options) { o.ExpertParallel = true }, "llama.cpp has no expert-parallel API"},
+		{"no model", func(o *cluster.Options) { o.Model = "" }, "needs --model"},
+		{"missing model", func(o *cluster.Options) { o.Model = "/nonexistent/model.gguf" }, "/nonexistent/model.gguf"},
+		{"context over the model's", func(o *cluster.Options) { o.MaxModelLen = 100000 }, "longer than the context"},
+		{"KV cache too small", func(o *cluster.Options) { o.KVCacheMemory = "64KiB" }, "less than one sequence"},
+		{"bad size", func(o *cluster.Options) { o.KVCacheMemory = "lots" }, "not a size in bytes"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			o := cluster.DefaultOptions()
+			o.Host, o.Port, o.Bind, o.RPCPort = "127.0.0.1", 0, "127.0.0.1:0", 0
+			o.Engine, o.Model, o.Threads, o.GPUs = "llamacpp", llamacpptest.Model(t), 1, 1
+			o.Logger = slog.New(slog.DiscardHandler)
+			c.mutate(&o)
+			run, err := cluster.Start(o)
+			if err == nil {
+				run.Shutdown()
+				t.Fatalf("started; want an error containing %q", c.want)
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %q; want it to contain %q", err, c.want)
+			}
+		})
+	}
+}
+
+// TestLlamaCppChatTemplates: a model without a chat template refuses
+// chat with a 400 that says what to do, and --chat-template gives it one.
+func TestLlamaCppChatTemplates(t *testing.T) {
+	cfg := llamacpp.DefaultTestModel()
+	cfg.Vocab = llamacpptest.Vocab(t, "llama-bpe")
+	path := filepath.Join(t.TempDir(), "no-template.gguf")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := llamacpp.WriteTestModel(f, cfg); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	chat := func(n *llamaNode) (int, string) {
+		resp, err := n.http.Post(n.base+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	n := startLlamaNode(t, func(o *cluster.Options) { o.Model, o.GPUs = path, 1 })
+	if code, body := chat(n); code != http.StatusBadRequest || !strings.Contains(body, "--chat-template") {
+		t.Fatalf("chat without a template: %d %s", code, body)
+	}
+	tmpl := filepath.Join(t.TempDir(), "chatml.jinja")
+	if err := os.WriteFile(tmpl, []byte(llamacpptest.Template(t, "Qwen-Qwen2.5-7B-Instruct")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n = startLlamaNode(t, func(o *cluster.Options) { o.Model, o.GPUs, o.ChatTemplate = path, 1, tmpl })
+	if code, body := chat(n); code != http.StatusOK {
+		t.Fatalf("chat with --chat-template: %d %s", code, body)
+	}
+}

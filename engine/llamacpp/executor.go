@@ -1,0 +1,197 @@
+// Package llamacpp is the llama.cpp engine's side in dpnode: it starts a
+// rank's model worker (a process of its own, cmd/dpnode-llama-worker, that
+// holds the model and its KV cache), speaks to it over a socket pair, and
+// implements engine.Executor and engine.Tokenizer on top of it. The engine's
+// scheduler decides every step; the worker computes it.
+//
+// Nothing here links llama.cpp: dpnode builds and runs without it, and the
+// worker, built with the llamacpp tag, is found at run time (FindWorker).
+package llamacpp
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"time"
+
+	"github.com/dpnode/dpnode/engine"
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
+)
+
+// ExecutorConfig starts one rank's executor.
+type ExecutorConfig struct {
+	Worker WorkerConfig
+	// Model is the GGUF file.
+	Model string
+	// KVCacheBytes is the KV cache's memory budget.
+	KVCacheBytes uint64
+	// Scheduler is the engine's configuration: its step budget, sequence
+	// count and context length size the worker's context.
+	Scheduler engine.SchedulerConfig
+	// Threads computes on this many CPU threads.
+	Threads int
+	// GPULayers offloads this many layers (-1: all) to the worker's GPU.
+	GPULayers int
+	// KVCacheDtype is the KV cache's element type, "f16" or "f32"; with
+	// f32 the worker also leaves flash attention off (see LoadModel).
+	KVCacheDtype string
+}
+
+// Executor runs a rank's steps in its model worker.
+type Executor struct {
+	w      *Worker
+	ready  *dpnodev1.ModelReady
+	limits engine.Limits
+}
+
+var (
+	_ engine.Executor = (*Executor)(nil)
+	_ engine.Limited  = (*Executor)(nil)
+	_ engine.Process  = (*Executor)(nil)
+)
+
+// MaxSequences is llama.cpp's limit on sequence ids (LLAMA_MAX_SEQ).
+const MaxSequences = 256
+
+// NewExecutor starts a worker and loads the model; it returns once the
+// model is loaded.
+func NewExecutor(ctx context.Context, cfg ExecutorConfig) (*Executor, error) {
+	sc := cfg.Scheduler
+	seqs := min(MaxSequences, max(sc.MaxNumSeqs, 1))
+	load := &dpnodev1.LoadModel{
+		Path:           cfg.Model,
+		KvCacheBytes:   cfg.KVCacheBytes,
+		MaxKvCells:     uint32(min(int64(seqs)*int64(sc.MaxModelLen), 1<<30)),
+		MaxBatchTokens: uint32(sc.MaxNumBatchedTokens),
+		Sequences:      uint32(seqs),
+		Threads:        int32(cfg.Threads),
+		GpuLayers:      int32(cfg.GPULayers),
+		KvCacheDtype:   cfg.KVCacheDtype,
+		FlashAttention: cfg.KVCacheDtype != "f32",
+	}
+	w, ready, err := StartWorker(ctx, cfg.Worker, load)
+	if err != nil {
+		return nil, err
+	}
+	// A KV cache smaller than the step budget (llama.cpp's batch cannot
+	// exceed its cells) makes the steps smaller.
+	e := &Executor{w: w, ready: ready, limits: engine.Limits{
+		NumBlocks:      int(ready.KvCells) / sc.BlockSize,
+		SequenceSlots:  int(ready.Sequences),
+		MaxModelLen:    int(ready.ContextLength),
+		MaxBatchTokens: int(ready.MaxBatchTokens),
+		EOSTokenIDs:    ready.EogTokenIds,
+	}}
+	if need := (sc.MaxModelLen + sc.BlockSize - 1) / sc.BlockSize; e.limits.NumBlocks < need {
+		w.Close()
+		return nil, fmt.Errorf("llamacpp: the KV cache holds %d tokens (%d bytes a token in %d bytes), less than one sequence of the max model length %d: give it more memory (--kv-cache-memory-bytes) or lower --max-model-len",
+			ready.KvCells, ready.KvBytesPerToken, cfg.KVCacheBytes, sc.MaxModelLen)
+	}
+	return e, nil
+}
+
+// Ready is the worker's account of its model.
+func (e *Executor) Ready() *dpnodev1.ModelReady { return e.ready }
+
+// Limits implements engine.Limited.
+func (e *Executor) Limits() engine.Limits { return e.limits }
+
+// Done implements engine.Process.
+func (e *Executor) Done() <-chan struct{} { return e.w.Done() }
+
+// Err implements engine.Process.
+func (e *Executor) Err() error { return e.w.Err() }
+
+// Close implements engine.Process.
+func (e *Executor) Close() error { return e.w.Close() }
+
+// Pid is the worker's process id (for chaos tests).
+func (e *Executor) Pid() int { return e.w.Pid() }
+
+// Execute implements engine.Executor: the step's KV moves and every
+// request's tokens go to the worker as one step, which it computes in one
+// decode.
+func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepResult, error) {
+	step := &dpnodev1.ExecuteStep{Ops: make([]*dpnodev1.KVOp, 0, len(b.SeqOps)), Sequences: make([]*dpnodev1.StepSequence, 0, len(b.Requests))}
+	for _, op := range b.SeqOps {
+		switch op.Kind {
+		case engine.SeqCopy:
+			step.Ops = append(step.Ops, &dpnodev1.KVOp{Op: &dpnodev1.KVOp_Copy{Copy: &dpnodev1.KVCopy{Src: op.Src, Dst: op.Dst, P0: op.P0, P1: op.P1}}})
+		case engine.SeqRemove:
+			step.Ops = append(step.Ops, &dpnodev1.KVOp{Op: &dpnodev1.KVOp_Remove{Remove: &dpnodev1.KVRemove{Seq: op.Dst, P0: op.P0, P1: op.P1}}})
+		}
+	}
+	for i := range b.Requests {
+		r := &b.Requests[i]
+		if r.Seq < 0 {
+			return engine.StepResult{}, errors.New("llamacpp: a step without KV sequences; the scheduler needs sequence slots")
+		}
+		s := &dpnodev1.StepSequence{Seq: r.Seq, Pos: int32(r.NumComputed), Tokens: r.Tokens}
+		if r.SampleIndex >= 0 {
+			s.Sample = e.sampleParams(r)
+		}
+		step.Sequences = append(step.Sequences, s)
+	}
+	rep, err := e.w.Call(ctx, &dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_Step{Step: step}})
+	if err != nil {
+		return engine.StepResult{}, err
+	}
+	done := rep.GetStep()
+	if done == nil {
+		return engine.StepResult{}, fmt.Errorf("llamacpp: the worker answered a step with %T", rep.Body)
+	}
+	res := engine.StepResult{Tokens: make([]uint32, len(b.Requests)), Duration: time.Duration(done.ComputeNanos), ComputedTokens: int(done.ComputedTokens)}
+	k := 0
+	for i := range b.Requests {
+		if b.Requests[i].SampleIndex < 0 {
+			continue
+		}
+		if k >= len(done.Tokens) {
+			return engine.StepResult{}, fmt.Errorf("llamacpp: the worker sampled %d tokens for a step that samples more", len(done.Tokens))
+		}
+		res.Tokens[i] = done.Tokens[k]
+		k++
+	}
+	return res, nil
+}
+
+// sampleParams says how r's next token is drawn. Its seed is a function
+// of the request's seed (or, without one, of its id, which a migrated
+// request keeps) and of the token's index, so that a request continues
+// exactly as it would have wherever it runs. Before min_tokens, neither
+// the model's end tokens nor the request's stop tokens can be drawn, as
+// in vLLM.
+func (e *Executor) sampleParams(r *engine.ScheduledRequest) *dpnodev1.SampleParams {
+	sp := r.Sampling
+	p := &dpnodev1.SampleParams{Temperature: sp.Temperature, TopP: sp.TopP, TopK: int32(sp.TopK)}
+	var base uint64
+	if sp.Seed != nil {
+		base = uint64(*sp.Seed)
+	} else {
+		h := fnv.New64a()
+		h.Write([]byte(r.ID))
+		base = h.Sum64()
+	}
+	p.Seed = SampleSeed(base, r.SampleIndex)
+	if r.SampleIndex < sp.MinTokens {
+		p.BannedTokenIds = append(append(p.BannedTokenIds, e.ready.EogTokenIds...), sp.StopTokenIDs...)
+	}
+	return p
+}
+
+// SampleSeed is the seed of the index-th token of a request seeded with
+// base: a 64-bit mix of the two.
+func SampleSeed(base uint64, index int) uint64 {
+	var buf [16]byte
+	binary.LittleEndian.PutUint64(buf[:8], base)
+	binary.LittleEndian.PutUint64(buf[8:], uint64(index))
+	h := fnv.New64a()
+	h.Write(buf[:])
+	x := h.Sum64()
+	x ^= x >> 33
+	x *= 0xff51afd7ed558ccd
+	x ^= x >> 33
+	return x
+}

@@ -1,0 +1,388 @@
+//go:build llamacpp
+
+package llamacpp_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/engine/gguf"
+	"github.com/dpnode/dpnode/engine/llamacpp"
+	"github.com/dpnode/dpnode/engine/llamacpp/llamacpptest"
+)
+
+func workerConfig(t *testing.T) llamacpp.WorkerConfig {
+	return llamacpp.WorkerConfig{Binary: llamacpptest.Worker(t), Logger: slog.New(slog.DiscardHandler)}
+}
+
+func newTokenizer(t *testing.T, model string) *llamacpp.Tokenizer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tok, err := llamacpp.NewTokenizer(ctx, workerConfig(t), model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tok.Close() })
+	return tok
+}
+
+// TestTokenizerMatchesLlamaCppVectors tokenizes llama.cpp's own test
+// texts through the worker and compares with its expected ids, for Llama
+// 3's BPE, Qwen 2's BPE and Llama 2's SentencePiece.
+func TestTokenizerMatchesLlamaCppVectors(t *testing.T) {
+	for _, name := range []string{"llama-bpe", "qwen2", "llama-spm"} {
+		t.Run(name, func(t *testing.T) {
+			path := llamacpptest.Vocab(t, name)
+			inp, err := os.ReadFile(path + ".inp")
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := os.ReadFile(path + ".out")
+			if err != nil {
+				t.Fatal(err)
+			}
+			texts := strings.Split(strings.TrimSuffix(string(inp), "\n__ggml_vocab_test__\n"), "\n__ggml_vocab_test__\n")
+			want := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+			if len(texts) != len(want) || len(texts) < 20 {
+				t.Fatalf("%d texts and %d expected lines", len(texts), len(want))
+			}
+			tok := newTokenizer(t, path)
+			for i, text := range texts {
+				ids, err := tok.Encode(text, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var wantIDs []uint32
+				for _, f := range strings.Fields(want[i]) {
+					n, _ := strconv.Atoi(f)
+					wantIDs = append(wantIDs, uint32(n))
+				}
+				if !slices.Equal(ids, wantIDs) {
+					t.Fatalf("text %d %q: got %v, want %v", i, text, ids, wantIDs)
+				}
+				if name != "llama-spm" && tok.Decode(ids) != text {
+					// Byte-level BPE round-trips exactly; SentencePiece
+					// adds a leading space.
+					t.Fatalf("text %d %q decodes back as %q", i, text, tok.Decode(ids))
+				}
+			}
+		})
+	}
+}
+
+// TestTokenizerAddsBOSForCompletions checks the special tokens: a
+// completion's prompt gets Llama 3's BOS, and special tokens written as
+// text are read as themselves.
+func TestTokenizerAddsBOSForCompletions(t *testing.T) {
+	tok := newTokenizer(t, llamacpptest.Model(t))
+	ids, err := tok.Encode("Hello world", true)
+	if err != nil || !slices.Equal(ids, []uint32{128000, 9906, 1917}) {
+		t.Fatalf("Hello world with BOS: %v %v", ids, err)
+	}
+	ids, err = tok.Encode("<|start_header_id|>user<|end_header_id|>", false)
+	if err != nil || !slices.Equal(ids, []uint32{128006, 882, 128007}) {
+		t.Fatalf("special tokens as text: %v %v", ids, err)
+	}
+	if got := tok.Decode([]uint32{128009, 9906}); got != "Hello" {
+		t.Fatalf("an end-of-turn token decodes to %q; special tokens show nothing", got)
+	}
+}
+
+// TestTokenizerComesBackAfterItsWorkerDies kills the tokenizer's worker:
+// the next call starts another.
+func TestTokenizerComesBackAfterItsWorkerDies(t *testing.T) {
+	tok := newTokenizer(t, llamacpptest.Model(t))
+	pid := tok.Pid()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := tok.Encode("Hello world", false)
+	if err != nil || !slices.Equal(ids, []uint32{9906, 1917}) {
+		t.Fatalf("after a kill: %v %v", ids, err)
+	}
+	if tok.Pid() == pid {
+		t.Fatal("the same worker answered")
+	}
+}
+
+// TestBadModelFilesAreClearErrors checks that a node refuses what it
+// cannot serve, naming the file and the problem, before serving.
+func TestBadModelFilesAreClearErrors(t *testing.T) {
+	dir := t.TempDir()
+	good, err := os.ReadFile(llamacpptest.Model(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cases := []struct {
+		name, path, want string
+	}{
+		{"missing", filepath.Join(dir, "nope.gguf"), "no such file"},
+		{"not gguf", write("text.gguf", []byte("this is not a model\n")), "not a GGUF file"},
+		{"truncated", write("cut.gguf", good[:len(good)/2]), "truncated"},
+		{"vocabulary only", llamacpptest.Vocab(t, "llama-bpe"), "no weights"},
+	}
+	for _, c := range cases {
+		_, err := llamacpp.InspectModel(c.path)
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.path) {
+			t.Errorf("%s: %v; want an error naming %s and saying %q", c.name, err, c.path, c.want)
+		}
+	}
+
+	// An architecture llama.cpp does not know passes the header checks;
+	// the worker refuses it with llama.cpp's own words.
+	g, err := gguf.Read(bytes.NewReader(good), int64(len(good)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kv []gguf.KV
+	for _, e := range g.KV {
+		e.Key = strings.Replace(e.Key, "llama.", "martian.", 1)
+		if e.Key == "general.architecture" {
+			e.Value = "martian"
+		}
+		kv = append(kv, e)
+	}
+	var buf bytes.Buffer
+	if err := gguf.Write(&buf, kv, []gguf.Tensor{{Name: "token_embd.weight", Dims: []uint64{4}, Data: make([]float32, 4)}}); err != nil {
+		t.Fatal(err)
+	}
+	martian := write("martian.gguf", buf.Bytes())
+	if _, err := llamacpp.InspectModel(martian); err != nil {
+		t.Fatalf("the header of an unknown architecture: %v", err)
+	}
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 4, MaxNumBatchedTokens: 64, BlockSize: 16, MaxModelLen: 256}
+	_, err = llamacpp.NewExecutor(context.Background(), llamacpp.ExecutorConfig{Worker: workerConfig(t), Model: martian, KVCacheBytes: 1 << 20, Scheduler: cfg, Threads: 1, KVCacheDtype: "f32"})
+	if err == nil || !strings.Contains(err.Error(), "martian") || !strings.Contains(err.Error(), "architecture") {
+		t.Fatalf("an unknown architecture: %v", err)
+	}
+}
+
+func newExecutor(t *testing.T, cfg engine.SchedulerConfig) *llamacpp.Executor {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{Worker: workerConfig(t), Model: llamacpptest.Model(t), KVCacheBytes: 64 << 20,
+		Scheduler: cfg, Threads: 1, KVCacheDtype: "f32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// run serves requests on a scheduler and the executor until they finish,
+// and returns their tokens.
+func run(t *testing.T, s *engine.Scheduler, e *llamacpp.Executor) map[string][]uint32 {
+	t.Helper()
+	out := map[string][]uint32{}
+	for steps := 0; s.HasWork(); steps++ {
+		if steps > 5000 {
+			t.Fatal("the requests did not finish")
+		}
+		b := s.Schedule()
+		res, err := e.Execute(context.Background(), b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range s.Update(b, res) {
+			out[o.ID] = append(out[o.ID], o.NewTokens...)
+		}
+	}
+	return out
+}
+
+func schedulerFor(t *testing.T, e *llamacpp.Executor, cfg engine.SchedulerConfig) *engine.Scheduler {
+	t.Helper()
+	cfg, err := cfg.WithLimits(e.Limits())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := engine.NewScheduler(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestSharedPrefixIsComputedOnce serves a request with a 2,000-token
+// prompt, then another that shares it: the worker computes only the
+// second's own tokens, and the prefix cache counts the hit.
+func TestSharedPrefixIsComputedOnce(t *testing.T) {
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 8, MaxNumBatchedTokens: 512, BlockSize: 16, MaxModelLen: 4096, EnablePrefixCaching: true}
+	e := newExecutor(t, cfg)
+	s := schedulerFor(t, e, cfg)
+	prefix := make([]uint32, 2000)
+	for i := range prefix {
+		prefix[i] = uint32(1000 + i*7%5000)
+	}
+	greedy := engine.SamplingParams{MaxTokens: 8, IgnoreEOS: true}
+	add := func(id string, own ...uint32) {
+		if err := s.Add(engine.NewRequest{ID: id, Prompt: slices.Concat(prefix, own), Sampling: greedy}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add("first", 11, 12, 13)
+	first := run(t, s, e)["first"]
+	before := s.Stats().ComputedTokens
+	add("second", 21, 22)
+	second := run(t, s, e)["second"]
+	computed := s.Stats().ComputedTokens - before
+	// 2,000 tokens are 125 full blocks: the second computes its last 2
+	// prompt tokens and its 7 decodes (the 8th token needs no compute).
+	if computed != 2+7 {
+		t.Fatalf("the second request computed %d tokens, want 9", computed)
+	}
+	if hits := s.Stats().PrefixHits; hits != 2000 {
+		t.Fatalf("prefix cache hits %d, want 2000", hits)
+	}
+	// The shared KV is the same KV: the second's greedy continuation is
+	// llama.cpp's own.
+	ref := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", 8, [][]uint32{slices.Concat(prefix, []uint32{11, 12, 13}), slices.Concat(prefix, []uint32{21, 22})})
+	if !slices.Equal(first, ref[0]) || !slices.Equal(second, ref[1]) {
+		t.Fatalf("after a prefix hit:\n first %v\n  want %v\nsecond %v\n  want %v", first, ref[0], second, ref[1])
+	}
+}
+
+// TestPreemptionFreesRealKV runs more requests than the KV cache holds at
+// once: the scheduler preempts, the KV really goes, and every request
+// still ends as llama.cpp alone would end it.
+func TestPreemptionFreesRealKV(t *testing.T) {
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 8, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512, EnablePrefixCaching: true}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// 640 cells of 512 bytes (F32): room for a little over one request of
+	// the max length, so eight requests of 200 tokens must take turns.
+	e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{Worker: workerConfig(t), Model: llamacpptest.Model(t), KVCacheBytes: 640 * 512,
+		Scheduler: cfg, Threads: 1, KVCacheDtype: "f32"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s := schedulerFor(t, e, cfg)
+	var prompts [][]uint32
+	for i := range 8 {
+		p := make([]uint32, 150)
+		for j := range p {
+			p[j] = uint32(500 + (i*131+j*17)%9000)
+		}
+		prompts = append(prompts, p)
+		if err := s.Add(engine.NewRequest{ID: fmt.Sprint(i), Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 48, IgnoreEOS: true}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := run(t, s, e)
+	if s.Stats().NumPreemptions == 0 {
+		t.Fatal("no request was preempted; the test needs a smaller KV cache")
+	}
+	ref := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", 48, prompts)
+	for i := range prompts {
+		if !slices.Equal(out[fmt.Sprint(i)], ref[i]) {
+			t.Fatalf("request %d after %d preemptions:\n got %v\nwant %v", i, s.Stats().NumPreemptions, out[fmt.Sprint(i)], ref[i])
+		}
+	}
+}
+
+// TestSeededSamplingContinuesAnywhere samples with a seed, then restarts
+// the request from its first half on a fresh worker, as a migration does:
+// the second half is the same.
+func TestSeededSamplingContinuesAnywhere(t *testing.T) {
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 4, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512, EnablePrefixCaching: true}
+	seed := int64(42)
+	sp := engine.SamplingParams{MaxTokens: 40, IgnoreEOS: true, Temperature: 0.9, TopP: 0.95, TopK: 50, Seed: &seed}
+	prompt := []uint32{128000, 9906, 1917, 11, 420, 374, 264, 1296}
+	e1 := newExecutor(t, cfg)
+	s1 := schedulerFor(t, e1, cfg)
+	if err := s1.Add(engine.NewRequest{ID: "a", Prompt: prompt, Sampling: sp}); err != nil {
+		t.Fatal(err)
+	}
+	whole := run(t, s1, e1)["a"]
+	e2 := newExecutor(t, cfg)
+	s2 := schedulerFor(t, e2, cfg)
+	if err := s2.Add(engine.NewRequest{ID: "a", Prompt: prompt, Output: whole[:17], Sampling: sp}); err != nil {
+		t.Fatal(err)
+	}
+	rest := run(t, s2, e2)["a"]
+	if !slices.Equal(slices.Concat(whole[:17], rest), whole) {
+		t.Fatalf("seeded sampling moved:\n whole %v\nresumed %v + %v", whole, whole[:17], rest)
+	}
+	// A different seed draws differently: the seed is used.
+	other := int64(43)
+	sp.Seed = &other
+	if err := s2.Add(engine.NewRequest{ID: "b", Prompt: prompt, Sampling: sp}); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Equal(run(t, s2, e2)["b"], whole) {
+		t.Fatal("seeds 42 and 43 drew the same 40 tokens")
+	}
+}
+
+// TestMinTokensKeepsEndTokensFromBeingSampled asks for min_tokens with a
+// stop token the model would pick early, and checks that it is not picked
+// before min_tokens: it is masked, as vLLM masks it, rather than sampled
+// and ignored.
+func TestMinTokensKeepsEndTokensFromBeingSampled(t *testing.T) {
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 4, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512, EnablePrefixCaching: true}
+	e := newExecutor(t, cfg)
+	s := schedulerFor(t, e, cfg)
+	prompt := []uint32{128000, 9906, 1917}
+	if err := s.Add(engine.NewRequest{ID: "free", Prompt: prompt, Sampling: engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true}}); err != nil {
+		t.Fatal(err)
+	}
+	free := run(t, s, e)["free"]
+	// The model's greedy third token is a stop token: it would end the
+	// request at 3 tokens, but min_tokens 5 keeps it from being drawn.
+	stop := free[2]
+	sp := engine.SamplingParams{MaxTokens: 6, MinTokens: 5, StopTokenIDs: []uint32{stop}}
+	if err := s.Add(engine.NewRequest{ID: "min", Prompt: prompt, Sampling: sp}); err != nil {
+		t.Fatal(err)
+	}
+	got := run(t, s, e)["min"]
+	if i := slices.Index(got, stop); i >= 0 && i < 5 {
+		t.Fatalf("the stop token came at %d, before min_tokens 5: %v (free run %v)", i, got, free)
+	}
+	if len(got) < 5 || !slices.Equal(got[:2], free[:2]) {
+		t.Fatalf("with min_tokens: %v (free run %v)", got, free)
+	}
+}
+
+// TestKilledWorkerIsNoticed kills an idle worker: its executor says it is
+// gone, with the signal.
+func TestKilledWorkerIsNoticed(t *testing.T) {
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 4, MaxNumBatchedTokens: 64, BlockSize: 16, MaxModelLen: 256}
+	e := newExecutor(t, cfg)
+	if err := syscall.Kill(e.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-e.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the executor did not notice its worker's death")
+	}
+	if err := e.Err(); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("the worker's death: %v", err)
+	}
+	_, err := e.Execute(context.Background(), &engine.Batch{})
+	if err == nil || errors.Is(err, context.Canceled) {
+		t.Fatalf("a step on a dead worker: %v", err)
+	}
+}

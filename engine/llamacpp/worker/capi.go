@@ -1,0 +1,424 @@
+//go:build llamacpp
+
+// Package worker is the model worker of the llama.cpp engine: the process
+// that holds one rank's model and KV cache and computes the steps its
+// engine sends. It binds llama.cpp's C API with cgo, so it is built only
+// with the llamacpp build tag, against llama.h from llama.cpp's source and
+// its prebuilt libraries (make llamacpp).
+package worker
+
+/*
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+#include <math.h>
+#include "llama.h"
+#include "ggml-backend.h"
+
+// The last error llama.cpp logged, which says why a load failed.
+static char dpn_last_error[2048];
+static int dpn_log_level = GGML_LOG_LEVEL_INFO;
+static int dpn_last_level = GGML_LOG_LEVEL_INFO;
+
+static void dpn_log(enum ggml_log_level level, const char * text, void * user) {
+	(void)user;
+	if (level == GGML_LOG_LEVEL_CONT) {
+		level = dpn_last_level;
+	}
+	dpn_last_level = level;
+	if (level == GGML_LOG_LEVEL_ERROR) {
+		size_t n = strlen(dpn_last_error);
+		if (n + strlen(text) >= sizeof(dpn_last_error)) {
+			n = 0;
+			dpn_last_error[0] = 0;
+		}
+		strncat(dpn_last_error, text, sizeof(dpn_last_error) - n - 1);
+	}
+	if (level >= dpn_log_level) {
+		fputs(text, stderr);
+	}
+}
+
+static void dpn_init(const char * backend_dir, int quiet) {
+	dpn_log_level = quiet ? GGML_LOG_LEVEL_WARN : GGML_LOG_LEVEL_INFO;
+	llama_log_set(dpn_log, NULL);
+	ggml_backend_load_all_from_path(backend_dir);
+	llama_backend_init();
+}
+
+static const char * dpn_take_error(void) { return dpn_last_error; }
+static void dpn_clear_error(void) { dpn_last_error[0] = 0; }
+
+static struct llama_model * dpn_load(const char * path, int vocab_only, int gpu_layers) {
+	struct llama_model_params p = llama_model_default_params();
+	p.vocab_only = vocab_only;
+	p.n_gpu_layers = gpu_layers;
+	return llama_model_load_from_file(path, p);
+}
+
+static struct llama_context * dpn_context(struct llama_model * m, unsigned n_ctx, unsigned n_batch, unsigned n_seq, int threads,
+                                          int kv_f32, int flash) {
+	struct llama_context_params p = llama_context_default_params();
+	p.n_ctx = n_ctx;
+	p.n_batch = n_batch;
+	p.n_ubatch = n_batch < 512 ? n_batch : 512;
+	p.n_seq_max = n_seq;
+	// A step samples at most one token per sequence: logits for more
+	// would only take memory (n_vocab floats a row).
+	p.n_outputs_max = n_seq;
+	p.type_k = kv_f32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
+	p.type_v = p.type_k;
+	p.flash_attn_type = flash ? LLAMA_FLASH_ATTN_TYPE_AUTO : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+	p.n_threads = threads;
+	p.n_threads_batch = threads;
+	// Sequences share cells: a cached prefix is shared by every sequence
+	// that copies it, which needs one buffer for all of them.
+	p.kv_unified = true;
+	p.no_perf = true;
+	return llama_init_from_model(m, p);
+}
+
+// dpn_argmax is greedy sampling over row i of the step's logits, skipping
+// banned tokens: vLLM's greedy, which takes the first of equal maxima.
+static int dpn_argmax(struct llama_context * ctx, int i, int n_vocab, const int * banned, int n_banned) {
+	const float * l = llama_get_logits_ith(ctx, i);
+	int best = -1;
+	float bv = -INFINITY;
+	for (int t = 0; t < n_vocab; t++) {
+		if (l[t] > bv || best < 0) {
+			int skip = 0;
+			for (int b = 0; b < n_banned; b++) {
+				if (banned[b] == t) { skip = 1; break; }
+			}
+			if (!skip) { best = t; bv = l[t]; }
+		}
+	}
+	return best;
+}
+
+// dpn_sample draws from row i with temperature, top-k and top-p, in
+// vLLM's order (temperature first), seeded per token.
+static int dpn_sample(struct llama_context * ctx, int i, int n_vocab, float temp, int top_k, float top_p,
+                      unsigned seed, const int * banned, int n_banned) {
+	struct llama_sampler_chain_params cp = llama_sampler_chain_default_params();
+	cp.no_perf = 1;
+	struct llama_sampler * chain = llama_sampler_chain_init(cp);
+	if (n_banned > 0) {
+		llama_logit_bias * bias = malloc(sizeof(llama_logit_bias) * n_banned);
+		for (int b = 0; b < n_banned; b++) {
+			bias[b].token = banned[b];
+			bias[b].bias = -INFINITY;
+		}
+		llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, n_banned, bias));
+		free(bias);
+	}
+	llama_sampler_chain_add(chain, llama_sampler_init_temp(temp));
+	if (top_k > 0) {
+		llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
+	}
+	if (top_p > 0 && top_p < 1) {
+		llama_sampler_chain_add(chain, llama_sampler_init_top_p(top_p, 1));
+	}
+	llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
+	int tok = llama_sampler_sample(chain, ctx, i);
+	llama_sampler_free(chain);
+	return tok;
+}
+
+static void dpn_batch_set(struct llama_batch * b, int i, int token, int pos, int seq, int logits) {
+	b->token[i] = token;
+	b->pos[i] = pos;
+	b->n_seq_id[i] = 1;
+	b->seq_id[i][0] = seq;
+	b->logits[i] = logits;
+}
+
+static int dpn_meta_int(struct llama_model * m, const char * key, int def) {
+	char buf[64];
+	if (llama_model_meta_val_str(m, key, buf, sizeof buf) < 0) {
+		return def;
+	}
+	return atoi(buf);
+}
+
+static const char * dpn_device(int gpu_layers) {
+	static char out[512];
+	out[0] = 0;
+	for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+		ggml_backend_dev_t d = ggml_backend_dev_get(i);
+		enum ggml_backend_dev_type t = ggml_backend_dev_type(d);
+		if (gpu_layers != 0 && t != GGML_BACKEND_DEVICE_TYPE_GPU && t != GGML_BACKEND_DEVICE_TYPE_IGPU) {
+			continue;
+		}
+		if (gpu_layers == 0 && t != GGML_BACKEND_DEVICE_TYPE_CPU) {
+			continue;
+		}
+		snprintf(out, sizeof out, "%s (%s)", ggml_backend_dev_name(d), ggml_backend_dev_description(d));
+		break;
+	}
+	return out;
+}
+
+static int dpn_has_gpu(void) {
+	for (size_t i = 0; i < ggml_backend_dev_count(); i++) {
+		enum ggml_backend_dev_type t = ggml_backend_dev_type(ggml_backend_dev_get(i));
+		if (t == GGML_BACKEND_DEVICE_TYPE_GPU || t == GGML_BACKEND_DEVICE_TYPE_IGPU) {
+			return 1;
+		}
+	}
+	return 0;
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unsafe"
+)
+
+// initLibrary loads the backends from dir and sets up logging.
+func initLibrary(dir string, quiet bool) {
+	cdir := C.CString(dir)
+	defer C.free(unsafe.Pointer(cdir))
+	q := C.int(0)
+	if quiet {
+		q = 1
+	}
+	C.dpn_init(cdir, q)
+}
+
+// lastError returns what llama.cpp last logged as an error, and forgets
+// it.
+func lastError() string {
+	s := strings.TrimSpace(C.GoString(C.dpn_take_error()))
+	C.dpn_clear_error()
+	return s
+}
+
+func withLastError(msg string) error {
+	if e := lastError(); e != "" {
+		return fmt.Errorf("%s: %s", msg, strings.ReplaceAll(e, "\n", "; "))
+	}
+	return errors.New(msg)
+}
+
+type model struct {
+	m     *C.struct_llama_model
+	vocab *C.struct_llama_vocab
+}
+
+func loadModel(path string, vocabOnly bool, gpuLayers int) (*model, error) {
+	cpath := C.CString(path)
+	defer C.free(unsafe.Pointer(cpath))
+	vo := C.int(0)
+	if vocabOnly {
+		vo = 1
+	}
+	m := C.dpn_load(cpath, vo, C.int(gpuLayers))
+	if m == nil {
+		return nil, withLastError("llama.cpp could not load the model")
+	}
+	return &model{m: m, vocab: C.llama_model_get_vocab(m)}, nil
+}
+
+func (m *model) free() { C.llama_model_free(m.m) }
+
+func (m *model) metaString(key string) string {
+	ckey := C.CString(key)
+	defer C.free(unsafe.Pointer(ckey))
+	buf := make([]byte, 256)
+	n := C.llama_model_meta_val_str(m.m, ckey, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	if n < 0 {
+		return ""
+	}
+	if int(n) >= len(buf) {
+		buf = make([]byte, int(n)+1)
+		C.llama_model_meta_val_str(m.m, ckey, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	}
+	return C.GoString((*C.char)(unsafe.Pointer(&buf[0])))
+}
+
+func (m *model) metaInt(key string, def int) int {
+	ckey := C.CString(key)
+	defer C.free(unsafe.Pointer(ckey))
+	return int(C.dpn_meta_int(m.m, ckey, C.int(def)))
+}
+
+func (m *model) description() string {
+	buf := make([]byte, 256)
+	C.llama_model_desc(m.m, (*C.char)(unsafe.Pointer(&buf[0])), C.size_t(len(buf)))
+	return C.GoString((*C.char)(unsafe.Pointer(&buf[0])))
+}
+
+func (m *model) nVocab() int        { return int(C.llama_vocab_n_tokens(m.vocab)) }
+func (m *model) contextLength() int { return int(C.llama_model_n_ctx_train(m.m)) }
+func (m *model) size() uint64       { return uint64(C.llama_model_size(m.m)) }
+func (m *model) isEOG(t int) bool   { return bool(C.llama_vocab_is_eog(m.vocab, C.llama_token(t))) }
+func (m *model) bos() int           { return int(C.llama_vocab_bos(m.vocab)) }
+func (m *model) addBOS() bool       { return bool(C.llama_vocab_get_add_bos(m.vocab)) }
+
+// partialRemoval says whether the model's KV can lose a range of positions
+// of one sequence, which the engine's scheduler needs.
+func (m *model) partialRemoval() error {
+	switch {
+	case bool(C.llama_model_is_recurrent(m.m)):
+		return errors.New("it is a recurrent model, whose state cannot lose part of a sequence")
+	case bool(C.llama_model_is_hybrid(m.m)):
+		return errors.New("it is a hybrid recurrent model, whose state cannot lose part of a sequence")
+	case C.llama_model_n_swa(m.m) > 0:
+		return errors.New("it uses sliding-window attention, whose KV cache cannot lose part of a sequence")
+	}
+	return nil
+}
+
+// kvBytesPerToken is the KV cache's size per token of context with
+// elements of elemSize bytes: every layer keeps a key and a value of
+// n_head_kv heads.
+func (m *model) kvBytesPerToken(elemSize uint64) uint64 {
+	arch := m.metaString("general.architecture")
+	nLayer := int(C.llama_model_n_layer(m.m))
+	nHead := int(C.llama_model_n_head(m.m))
+	nHeadKV := int(C.llama_model_n_head_kv(m.m))
+	nEmbd := int(C.llama_model_n_embd(m.m))
+	headK, headV := nEmbd, nEmbd
+	if nHead > 0 {
+		headK, headV = nEmbd/nHead, nEmbd/nHead
+	}
+	headK = m.metaInt(arch+".attention.key_length", headK)
+	headV = m.metaInt(arch+".attention.value_length", headV)
+	return uint64(nLayer) * uint64(nHeadKV) * uint64(headK+headV) * elemSize
+}
+
+// pieces returns every token's text as output shows it: special tokens
+// render as nothing (vLLM skips them), byte tokens as their byte.
+func (m *model) pieces() ([]byte, []uint32) {
+	n := m.nVocab()
+	var all []byte
+	offsets := make([]uint32, 0, n+1)
+	buf := make([]byte, 256)
+	for t := range n {
+		offsets = append(offsets, uint32(len(all)))
+		k := C.llama_token_to_piece(m.vocab, C.llama_token(t), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, false)
+		if k < 0 {
+			buf = make([]byte, -int(k))
+			k = C.llama_token_to_piece(m.vocab, C.llama_token(t), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, false)
+		}
+		if k > 0 {
+			all = append(all, buf[:k]...)
+		}
+	}
+	offsets = append(offsets, uint32(len(all)))
+	return all, offsets
+}
+
+// tokenize is llama_tokenize; it is safe for concurrent use.
+func (m *model) tokenize(text string, addSpecial, parseSpecial bool) ([]uint32, error) {
+	ctext := C.CString(text)
+	defer C.free(unsafe.Pointer(ctext))
+	capacity := len(text) + 8
+	for {
+		out := make([]C.llama_token, capacity)
+		n := C.llama_tokenize(m.vocab, ctext, C.int32_t(len(text)), &out[0], C.int32_t(capacity), C.bool(addSpecial), C.bool(parseSpecial))
+		if n == C.INT32_MIN {
+			return nil, errors.New("the text is too long to tokenize")
+		}
+		if n < 0 {
+			capacity = int(-n)
+			continue
+		}
+		ids := make([]uint32, n)
+		for i := range ids {
+			ids[i] = uint32(out[i])
+		}
+		return ids, nil
+	}
+}
+
+type context struct {
+	c      *C.struct_llama_context
+	mem    C.llama_memory_t
+	batch  C.struct_llama_batch
+	nBatch int
+	nVocab int
+}
+
+func newContext(m *model, cells, batch, seqs, threads int, kvF32, flash bool) (*context, error) {
+	f32, fa := C.int(0), C.int(0)
+	if kvF32 {
+		f32 = 1
+	}
+	if flash {
+		fa = 1
+	}
+	c := C.dpn_context(m.m, C.uint(cells), C.uint(batch), C.uint(seqs), C.int(threads), f32, fa)
+	if c == nil {
+		return nil, withLastError("llama.cpp could not create the context")
+	}
+	n := int(C.llama_n_batch(c))
+	return &context{c: c, mem: C.llama_get_memory(c), batch: C.llama_batch_init(C.int32_t(n), 0, 1), nBatch: n, nVocab: m.nVocab()}, nil
+}
+
+func (c *context) cells() int     { return int(C.llama_n_ctx(c.c)) }
+func (c *context) sequences() int { return int(C.llama_n_seq_max(c.c)) }
+
+func (c *context) seqCopy(src, dst, p0, p1 int32) {
+	C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), C.llama_pos(p0), C.llama_pos(p1))
+}
+
+func (c *context) seqRemove(seq, p0, p1 int32) bool {
+	return bool(C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), C.llama_pos(p0), C.llama_pos(p1)))
+}
+
+// batchToken sets entry i of the batch.
+func (c *context) batchToken(i int, token uint32, pos, seq int32, logits bool) {
+	l := C.int(0)
+	if logits {
+		l = 1
+	}
+	C.dpn_batch_set(&c.batch, C.int(i), C.int(token), C.int(pos), C.int(seq), l)
+}
+
+// decode computes the first n entries of the batch.
+func (c *context) decode(n int) error {
+	c.batch.n_tokens = C.int32_t(n)
+	switch rc := C.llama_decode(c.c, c.batch); rc {
+	case 0:
+		return nil
+	case 1:
+		return errors.New("llama.cpp found no free KV cells for the step")
+	default:
+		return withLastError(fmt.Sprintf("llama_decode failed (%d)", int(rc)))
+	}
+}
+
+// cInts views Go int32s as C ints, which are 32 bits on every platform
+// llama.cpp's prebuilt libraries serve.
+func cInts(v []int32) *C.int {
+	if len(v) == 0 {
+		return nil
+	}
+	return (*C.int)(unsafe.Pointer(&v[0]))
+}
+
+func (c *context) greedy(i int, banned []int32) uint32 {
+	p := cInts(banned)
+	return uint32(C.dpn_argmax(c.c, C.int(i), C.int(c.nVocab), p, C.int(len(banned))))
+}
+
+func (c *context) sample(i int, temp float32, topK int, topP float32, seed uint32, banned []int32) uint32 {
+	p := cInts(banned)
+	return uint32(C.dpn_sample(c.c, C.int(i), C.int(c.nVocab), C.float(temp), C.int(topK), C.float(topP), C.uint(seed), p, C.int(len(banned))))
+}
+
+func (c *context) free() {
+	C.llama_batch_free(c.batch)
+	C.llama_free(c.c)
+}
+
+func systemInfo() string { return C.GoString(C.llama_print_system_info()) }
+
+func deviceName(gpuLayers int) string { return C.GoString(C.dpn_device(C.int(gpuLayers))) }
+
+func hasGPU() bool { return C.dpn_has_gpu() != 0 }

@@ -1,0 +1,276 @@
+//go:build llamacpp
+
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/dpnode/dpnode/engine/llamacpp"
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
+)
+
+// Options set up Serve.
+type Options struct {
+	// BackendDir is where the ggml backends are when the engine does not
+	// say.
+	BackendDir string
+}
+
+// maxTokenizers bounds the tokenizations a vocabulary worker runs at
+// once; each is a short call into llama.cpp that is safe to run
+// concurrently.
+const maxTokenizers = 4
+
+// Serve answers the engine on conn until it hangs up: first a LoadModel,
+// then steps (a model worker) or tokenizations (a vocabulary worker). It
+// returns nil when the engine hung up, and an error when the model could
+// not load or a step failed; the worker then exits, and its engine
+// restarts it.
+func Serve(conn net.Conn, opts Options) error {
+	s := &server{conn: conn}
+	req := &dpnodev1.WorkerRequest{}
+	if err := llamacpp.ReadFrame(conn, req); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return err
+	}
+	load := req.GetLoad()
+	if load == nil {
+		return s.fail(req.Id, errors.New("the first request must load a model"))
+	}
+	ready, err := s.load(load, opts)
+	if err != nil {
+		return s.fail(req.Id, fmt.Errorf("loading %s: %w", load.Path, err))
+	}
+	if err := s.reply(&dpnodev1.WorkerReply{Id: req.Id, Body: &dpnodev1.WorkerReply_Ready{Ready: ready}}); err != nil {
+		return err
+	}
+	sem := make(chan struct{}, maxTokenizers)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		req := &dpnodev1.WorkerRequest{}
+		if err := llamacpp.ReadFrame(conn, req); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		switch body := req.Body.(type) {
+		case *dpnodev1.WorkerRequest_Step:
+			if s.ctx == nil {
+				return s.fail(req.Id, errors.New("a vocabulary worker computes no steps"))
+			}
+			done, err := s.step(body.Step)
+			if err != nil {
+				return s.fail(req.Id, err)
+			}
+			if err := s.reply(&dpnodev1.WorkerReply{Id: req.Id, Body: &dpnodev1.WorkerReply_Step{Step: done}}); err != nil {
+				return err
+			}
+		case *dpnodev1.WorkerRequest_Tokenize:
+			sem <- struct{}{}
+			wg.Add(1)
+			go func(id uint64, t *dpnodev1.TokenizeText) {
+				defer wg.Done()
+				defer func() { <-sem }()
+				rep := &dpnodev1.WorkerReply{Id: id}
+				if ids, err := s.model.tokenize(t.Text, t.AddSpecial, t.ParseSpecial); err != nil {
+					rep.Body = &dpnodev1.WorkerReply_Error{Error: &dpnodev1.WorkerError{Message: err.Error()}}
+				} else {
+					rep.Body = &dpnodev1.WorkerReply_Tokens{Tokens: &dpnodev1.TokenIds{Ids: ids}}
+				}
+				_ = s.reply(rep)
+			}(req.Id, body.Tokenize)
+		case *dpnodev1.WorkerRequest_Vocabulary:
+			pieces, offsets := s.model.pieces()
+			if err := s.reply(&dpnodev1.WorkerReply{Id: req.Id, Body: &dpnodev1.WorkerReply_Vocabulary{
+				Vocabulary: &dpnodev1.Vocabulary{Pieces: pieces, Offsets: offsets}}}); err != nil {
+				return err
+			}
+		default:
+			return s.fail(req.Id, fmt.Errorf("unexpected request %T", req.Body))
+		}
+	}
+}
+
+type server struct {
+	conn    net.Conn
+	writeMu sync.Mutex
+	model   *model
+	ctx     *context
+	// last is the token each sequence sampled last, which its next step
+	// computes unless the engine sends tokens.
+	last    []uint32
+	hasLast []bool
+	banned  []int32
+}
+
+func (s *server) reply(r *dpnodev1.WorkerReply) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	return llamacpp.WriteFrame(s.conn, r)
+}
+
+// fail tells the engine why the worker stops, and returns that error.
+func (s *server) fail(id uint64, err error) error {
+	_ = s.reply(&dpnodev1.WorkerReply{Id: id, Body: &dpnodev1.WorkerReply_Error{Error: &dpnodev1.WorkerError{Message: err.Error()}}})
+	return err
+}
+
+func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady, error) {
+	dir := l.BackendDir
+	if dir == "" {
+		dir = opts.BackendDir
+	}
+	initLibrary(dir, l.VocabOnly)
+	if l.GpuLayers != 0 && !hasGPU() {
+		return nil, errors.New("no GPU backend could be loaded (is the CUDA build of llama.cpp installed, and a driver?)")
+	}
+	m, err := loadModel(l.Path, l.VocabOnly, int(l.GpuLayers))
+	if err != nil {
+		return nil, err
+	}
+	s.model = m
+	ready := &dpnodev1.ModelReady{
+		Architecture:  m.metaString("general.architecture"),
+		Description:   m.description(),
+		ContextLength: uint32(m.contextLength()),
+		VocabSize:     uint32(m.nVocab()),
+		BosTokenId:    int32(m.bos()),
+		AddBos:        m.addBOS(),
+		SystemInfo:    systemInfo(),
+	}
+	for t := range m.nVocab() {
+		if m.isEOG(t) {
+			ready.EogTokenIds = append(ready.EogTokenIds, uint32(t))
+		}
+	}
+	if l.VocabOnly {
+		return ready, nil
+	}
+	if err := m.partialRemoval(); err != nil {
+		return nil, fmt.Errorf("dpnode cannot serve this model: %w", err)
+	}
+	var elem uint64
+	switch l.KvCacheDtype {
+	case "f16":
+		elem = 2
+	case "f32":
+		elem = 4
+	default:
+		return nil, fmt.Errorf("KV cache type %q: it must be f16 or f32", l.KvCacheDtype)
+	}
+	ready.KvBytesPerToken = m.kvBytesPerToken(elem)
+	ready.ModelBytes = m.size()
+	ready.Device = deviceName(int(l.GpuLayers))
+	cells := uint64(l.MaxKvCells)
+	if ready.KvBytesPerToken > 0 && l.KvCacheBytes > 0 {
+		cells = min(cells, l.KvCacheBytes/ready.KvBytesPerToken)
+	}
+	if cells == 0 {
+		return nil, fmt.Errorf("a KV cache of %d bytes holds no token of this model (%d bytes a token)", l.KvCacheBytes, ready.KvBytesPerToken)
+	}
+	seqs := int(l.Sequences)
+	if seqs < 1 || seqs > 256 {
+		return nil, fmt.Errorf("%d sequences asked; llama.cpp takes 1 to 256", seqs)
+	}
+	ctx, err := newContext(m, int(cells), int(l.MaxBatchTokens), seqs, int(l.Threads), elem == 4, l.FlashAttention)
+	if err != nil {
+		return nil, err
+	}
+	s.ctx = ctx
+	s.last = make([]uint32, ctx.sequences())
+	s.hasLast = make([]bool, ctx.sequences())
+	ready.KvCells = uint32(ctx.cells())
+	ready.MaxBatchTokens = uint32(ctx.nBatch)
+	ready.Sequences = uint32(ctx.sequences())
+	return ready, nil
+}
+
+func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
+	start := time.Now()
+	c := s.ctx
+	nSeq := int32(len(s.last))
+	for _, op := range st.Ops {
+		switch o := op.Op.(type) {
+		case *dpnodev1.KVOp_Copy:
+			if o.Copy.Src < 0 || o.Copy.Src >= nSeq || o.Copy.Dst < 0 || o.Copy.Dst >= nSeq {
+				return nil, fmt.Errorf("a KV copy between sequences %d and %d, of %d", o.Copy.Src, o.Copy.Dst, nSeq)
+			}
+			c.seqCopy(o.Copy.Src, o.Copy.Dst, o.Copy.P0, o.Copy.P1)
+		case *dpnodev1.KVOp_Remove:
+			if o.Remove.Seq < 0 || o.Remove.Seq >= nSeq {
+				return nil, fmt.Errorf("a KV removal from sequence %d, of %d", o.Remove.Seq, nSeq)
+			}
+			if !c.seqRemove(o.Remove.Seq, o.Remove.P0, o.Remove.P1) {
+				return nil, fmt.Errorf("llama.cpp could not remove positions [%d, %d) of sequence %d", o.Remove.P0, o.Remove.P1, o.Remove.Seq)
+			}
+			if o.Remove.P0 == 0 && o.Remove.P1 < 0 {
+				s.hasLast[o.Remove.Seq] = false
+			}
+		}
+	}
+	type sampled struct {
+		index int
+		seq   int32
+		p     *dpnodev1.SampleParams
+	}
+	var samples []sampled
+	n := 0
+	for _, q := range st.Sequences {
+		if q.Seq < 0 || q.Seq >= nSeq || q.Pos < 0 {
+			return nil, fmt.Errorf("a step of sequence %d at position %d, of %d sequences", q.Seq, q.Pos, nSeq)
+		}
+		tokens := q.Tokens
+		if len(tokens) == 0 {
+			if !s.hasLast[q.Seq] {
+				return nil, fmt.Errorf("sequence %d continues from its sampled token, but it sampled none", q.Seq)
+			}
+			tokens = []uint32{s.last[q.Seq]}
+		}
+		if n+len(tokens) > c.nBatch {
+			return nil, fmt.Errorf("a step of more than %d tokens", c.nBatch)
+		}
+		for j, t := range tokens {
+			if int(t) >= c.nVocab {
+				return nil, fmt.Errorf("token %d is not in the vocabulary of %d", t, c.nVocab)
+			}
+			last := j == len(tokens)-1
+			c.batchToken(n, t, q.Pos+int32(j), q.Seq, last && q.Sample != nil)
+			n++
+		}
+		if q.Sample != nil {
+			samples = append(samples, sampled{index: n - 1, seq: q.Seq, p: q.Sample})
+		}
+	}
+	done := &dpnodev1.StepDone{ComputedTokens: uint32(n)}
+	if n > 0 {
+		if err := c.decode(n); err != nil {
+			return nil, err
+		}
+	}
+	for _, smp := range samples {
+		s.banned = s.banned[:0]
+		for _, t := range smp.p.BannedTokenIds {
+			s.banned = append(s.banned, int32(t))
+		}
+		var tok uint32
+		if smp.p.Temperature <= 0 {
+			tok = c.greedy(smp.index, s.banned)
+		} else {
+			seed := uint32(smp.p.Seed ^ smp.p.Seed>>32)
+			tok = c.sample(smp.index, smp.p.Temperature, int(smp.p.TopK), smp.p.TopP, seed, s.banned)
+		}
+		s.last[smp.seq], s.hasLast[smp.seq] = tok, true
+		done.Tokens = append(done.Tokens, tok)
+	}
+	done.ComputeNanos = time.Since(start).Nanoseconds()
+	return done, nil
+}

@@ -6,7 +6,7 @@ export PATH := $(GOBIN):$(PATH)
 
 GO_FILES = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
 
-.PHONY: build run test lint proto proto-check tools bench chaos clean llamacpp llamacpp-test testmodel
+.PHONY: build run test lint proto proto-check tools bench chaos chaos-llamacpp clean llamacpp llamacpp-test testmodel
 
 build:
 	go build -o bin/dpnode ./cmd/dpnode
@@ -47,6 +47,12 @@ CHAOS_DURATION ?= 10m
 chaos:
 	go test -tags chaos -run TestChaos -timeout 30m -v -count=1 ./cluster -chaos.duration=$(CHAOS_DURATION)
 
+# The chaos suite on the llama.cpp engine: the test model on every rank,
+# and model and tokenizer workers killed among the other faults.
+chaos-llamacpp: llamacpp
+	$(LLAMACPP_TEST_ENV) go test -tags 'chaos llamacpp' -run TestChaos -timeout 30m -v -count=1 ./cluster \
+		-chaos.duration=$(CHAOS_DURATION) -chaos.engine=llamacpp
+
 bench:
 	go test -run '^$$' -bench . -benchtime 3s ./http/ ./engine/... ./actors/
 
@@ -66,7 +72,7 @@ LLAMACPP_LIBS           = $(LLAMACPP_NPM)/@node-llama-cpp/linux-x64$(if $(LLAMAC
 # CUDA backend with the CUDA runtime inside, for machines without CUDA 13's.
 LLAMACPP_FLAVOUR        = $(if $(LLAMACPP_GPU),.$(LLAMACPP_GPU))
 LLAMACPP_FALLBACK       = $(LLAMACPP_NPM)/@node-llama-cpp/linux-x64-$(LLAMACPP_GPU)-ext/bins/linux-x64-$(LLAMACPP_GPU)/fallback
-LLAMACPP_CGO_CFLAGS     = -I$(LLAMACPP_SRC)/include -I$(LLAMACPP_SRC)/ggml/include
+LLAMACPP_CGO_CFLAGS     = -O2 -g -Wno-deprecated-declarations -I$(LLAMACPP_SRC)/include -I$(LLAMACPP_SRC)/ggml/include
 LLAMACPP_CGO_LDFLAGS    = -L$(CURDIR)/bin/llamacpp -l:libllama$(LLAMACPP_FLAVOUR).v0.4.0.so -l:libggml$(LLAMACPP_FLAVOUR).v0.4.0.so -l:libggml-base.so -Wl,-rpath,$$ORIGIN/llamacpp
 
 $(LLAMACPP_NPM)/node-llama-cpp/package.json:

@@ -145,6 +145,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		// remote.Start panics when it cannot listen; find out first.
 		ln, err := net.Listen("tcp", cfg.Remote.Address())
 		if err != nil {
+			system.Shutdown()
 			return nil, fmt.Errorf("actors: the actor transport cannot listen on %s: %w", cfg.Remote.Address(), err)
 		}
 		ln.Close()

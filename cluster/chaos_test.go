@@ -30,7 +30,51 @@ var (
 	chaosDuration = flag.Duration("chaos.duration", 45*time.Second, "how long the chaos suite runs its load")
 	chaosEvery    = flag.Duration("chaos.every", 3*time.Second, "pause between two faults")
 	chaosSeed     = flag.Uint64("chaos.seed", 0, "seed of the faults and the load (0: from the clock)")
+	chaosEngine   = flag.String("chaos.engine", "sim", "the engine of the nodes: sim, or llamacpp (built with -tags llamacpp)")
 )
+
+// chaosEngine is what the suite needs of an engine: the nodes' flags, the
+// texts an undisturbed run gives, and faults of its own.
+type chaosEngineKind struct {
+	args func(t *testing.T) []string
+	// expected returns the undisturbed run's text of each request (the
+	// greedy continuation of its prompt, ignoring end tokens).
+	expected func(t *testing.T, reqs []chaosRequest) []string
+	faults   func(r *chaosRun) []func() fault
+	// checkAtMost bounds the streams held to the undisturbed run's text,
+	// those that ran during a fault first; 0 checks all.
+	checkAtMost int
+	// check runs after the load, for what the engine leaves behind.
+	check func(r *chaosRun)
+}
+
+type chaosRequest struct {
+	prompt    string
+	maxTokens int
+}
+
+// chaosEngines are the engines the suite runs on; files built with other
+// tags add theirs.
+var chaosEngines = map[string]chaosEngineKind{
+	"sim": {
+		args: func(*testing.T) []string { return []string{"--sim-time-scale", "0.2"} },
+		expected: func(_ *testing.T, reqs []chaosRequest) []string {
+			tok := sim.NewTokenizer(0)
+			out := make([]string, len(reqs))
+			for i, q := range reqs {
+				h := engine.PromptHash(tok.Tokens(q.prompt), nil)
+				ids := make([]uint32, q.maxTokens)
+				for j := range ids {
+					ids[j] = tok.Sample(h, j, &engine.SamplingParams{IgnoreEOS: true})
+				}
+				out[i] = tok.Decode(ids)
+			}
+			return out
+		},
+		faults: func(*chaosRun) []func() fault { return nil },
+		check:  func(*chaosRun) {},
+	},
+}
 
 func init() {
 	// The processes of this suite must have the fault hook.
@@ -54,6 +98,9 @@ type record struct {
 	start, end time.Time
 	outcome    outcome
 	detail     string
+	// req and text are a stream's, checked against an undisturbed run.
+	req  chaosRequest
+	text string
 }
 
 // fault is one injected fault and when it was active.
@@ -66,10 +113,10 @@ type fault struct {
 type chaosRun struct {
 	t       *testing.T
 	rng     *rand.Rand
+	engine  chaosEngineKind
 	a       *proc
 	hosts   []*proc // the headless nodes, restartable
 	args    [][]string
-	tok     *sim.Tokenizer
 	client  openai.Client
 	mu      sync.Mutex
 	records []record
@@ -87,9 +134,13 @@ func TestChaos(t *testing.T) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("chaos seed %d (repeat with -chaos.seed=%d)", seed, seed)
-	r := &chaosRun{t: t, rng: rand.New(rand.NewPCG(seed, seed)), tok: sim.NewTokenizer(0)}
-	common := []string{"--data-parallel-size", "6", "--data-parallel-size-local", "2", "--sim-time-scale", "0.2", "--engine-max-restarts", "50"}
+	t.Logf("chaos seed %d (repeat with -chaos.seed=%d), engine %s", seed, seed, *chaosEngine)
+	kind, ok := chaosEngines[*chaosEngine]
+	if !ok {
+		t.Fatalf("-chaos.engine %q: this test binary has %v", *chaosEngine, slices.Sorted(maps.Keys(chaosEngines)))
+	}
+	r := &chaosRun{t: t, rng: rand.New(rand.NewPCG(seed, seed)), engine: kind}
+	common := append([]string{"--data-parallel-size", "6", "--data-parallel-size-local", "2", "--engine-max-restarts", "50"}, kind.args(t)...)
 	r.a = startProc(t, "127.0.0.181", nodeArgs("127.0.0.181", append([]string{"--host", "127.0.0.181", "--port", "0", "--data-parallel-lb", "internal"}, common...)...)...)
 	for i, ip := range []string{"127.0.0.182", "127.0.0.183"} {
 		args := nodeArgs(ip, append([]string{"--headless", "--host", ip, "--metrics-port", "0", "--data-parallel-start-rank", fmt.Sprint(2 + 2*i),
@@ -117,7 +168,44 @@ func TestChaos(t *testing.T) {
 	load.Wait()
 	r.waitWhole()
 	r.waitIdle()
+	checked := time.Now()
+	n := r.checkTexts()
+	t.Logf("held %d streams to the undisturbed runs' texts in %v", n, time.Since(checked).Round(time.Millisecond))
 	r.report(baseline, migratedBefore)
+	r.engine.check(r)
+}
+
+// checkTexts holds completed streams to the undisturbed run's text: all of
+// them, or where the engine's reference is costly, those that ran during a
+// fault and then others at random, up to the engine's bound.
+func (r *chaosRun) checkTexts() int {
+	var during, calm []int
+	for i, rec := range r.records {
+		if rec.outcome != completed {
+			continue
+		}
+		if slices.ContainsFunc(r.faults, func(f fault) bool { return rec.start.Before(f.end.Add(2*time.Second)) && rec.end.After(f.start) }) {
+			during = append(during, i)
+		} else {
+			calm = append(calm, i)
+		}
+	}
+	r.rng.Shuffle(len(calm), func(i, j int) { calm[i], calm[j] = calm[j], calm[i] })
+	check := append(during, calm...)
+	if n := r.engine.checkAtMost; n > 0 && len(check) > n {
+		check = check[:n]
+	}
+	reqs := make([]chaosRequest, len(check))
+	for k, i := range check {
+		reqs[k] = r.records[i].req
+	}
+	want := r.engine.expected(r.t, reqs)
+	for k, i := range check {
+		if rec := &r.records[i]; rec.text != want[k] {
+			rec.outcome, rec.detail = lost, fmt.Sprintf("text differs from the undisturbed run: %q vs %q", rec.text, want[k])
+		}
+	}
+	return len(check)
 }
 
 // waitWhole waits until the API node balances over all six ranks again.
@@ -187,10 +275,11 @@ func (r *chaosRun) stream(prompt string, maxTokens, abandonAfter int) record {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// Greedy, so that a real model's undisturbed text is known too.
 	s := r.client.Completions.NewStreaming(ctx, openai.CompletionNewParams{
-		Model:     openai.CompletionNewParamsModel("meta-llama/Llama-3.1-8B-Instruct"),
-		Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
-		MaxTokens: openai.Int(int64(maxTokens)),
+		Prompt:      openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
+		MaxTokens:   openai.Int(int64(maxTokens)),
+		Temperature: openai.Float(0),
 	}, option.WithJSONSet("ignore_eos", true))
 	defer s.Close()
 	var text strings.Builder
@@ -215,33 +304,27 @@ func (r *chaosRun) stream(prompt string, maxTokens, abandonAfter int) record {
 	case err != nil:
 		return ended(lost, err.Error())
 	}
-	// The stream ended: it must hold exactly the undisturbed run's text (a
-	// stream cut short without an error ends here too).
-	if want := r.expected(prompt, maxTokens); text.String() != want {
-		return ended(lost, fmt.Sprintf("text differs from the undisturbed run: %q vs %q", text.String(), want))
-	}
+	// The stream ended: checkTexts holds it to the undisturbed run's text
+	// (a stream cut short without an error ends here too).
+	rec.req, rec.text = chaosRequest{prompt: prompt, maxTokens: maxTokens}, text.String()
 	return ended(completed, "")
-}
-
-// expected is the text an undisturbed run produces.
-func (r *chaosRun) expected(prompt string, maxTokens int) string {
-	h := engine.PromptHash(r.tok.Tokens(prompt), nil)
-	ids := make([]uint32, maxTokens)
-	for i := range ids {
-		ids[i] = r.tok.Sample(h, i, &engine.SamplingParams{IgnoreEOS: true})
-	}
-	return r.tok.Decode(ids)
 }
 
 // injectFaults injects one fault after another until the deadline; each
 // fault heals before the next.
 func (r *chaosRun) injectFaults(deadline time.Time) {
-	kinds := []func() fault{
+	own := r.engine.faults(r)
+	kinds := append([]func() fault{
 		r.panicEngine, r.panicAPIServer, r.panicCoordinator, r.killNode, r.stopNode, r.partition,
-	}
-	for time.Now().Add(*chaosEvery).Before(deadline) {
+	}, own...)
+	for n := 0; time.Now().Add(*chaosEvery).Before(deadline); n++ {
 		time.Sleep(*chaosEvery)
-		f := kinds[r.rng.IntN(len(kinds))]()
+		inject := kinds[r.rng.IntN(len(kinds))]
+		if n < len(own) {
+			// Every run has each of the engine's own faults once.
+			inject = own[n]
+		}
+		f := inject()
 		if f.end.IsZero() {
 			f.end = time.Now()
 		}

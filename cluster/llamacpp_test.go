@@ -67,7 +67,7 @@ func startLlamaNode(t *testing.T, mutate ...func(*cluster.Options)) *llamaNode {
 			t.Error(err)
 		}
 		if liveNodes.Add(-1) == 0 {
-			if pids := workerPids(t, ""); len(pids) > 0 {
+			if pids := workersOf(os.Getpid(), ""); len(pids) > 0 {
 				t.Errorf("workers still running after every node stopped: %v", pids)
 			}
 		}
@@ -147,9 +147,9 @@ func prompts(n int) [][]uint32 {
 	return out
 }
 
-// workerPids lists this process's workers whose role starts with role.
-func workerPids(t *testing.T, role string) []int {
-	t.Helper()
+// workersOf lists the model workers whose parent is ppid and whose role
+// starts with role.
+func workersOf(ppid int, role string) []int {
 	entries, _ := os.ReadDir("/proc")
 	var pids []int
 	for _, e := range entries {
@@ -162,7 +162,7 @@ func workerPids(t *testing.T, role string) []int {
 			continue
 		}
 		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(f) < 2 || f[1] != strconv.Itoa(os.Getpid()) || f[0] == "Z" {
+		if len(f) < 2 || f[1] != strconv.Itoa(ppid) || f[0] == "Z" {
 			continue
 		}
 		env, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
@@ -322,7 +322,7 @@ func TestLlamaCppOutputDoesNotDependOnHowItIsServed(t *testing.T) {
 		for range results {
 			<-started
 		}
-		pids := workerPids(t, "rank-0")
+		pids := workersOf(os.Getpid(), "rank-0")
 		if len(pids) != 1 {
 			t.Fatalf("rank 0's workers: %v", pids)
 		}

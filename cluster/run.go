@@ -12,8 +12,10 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/asynkron/protoactor-go/remote"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/protobuf/proto"
@@ -114,9 +116,7 @@ func Start(o Options) (*Running, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	hostname, _ := os.Hostname()
 	cfg := actors.DefaultNodeConfig()
-	// Unique per incarnation: a restarted node is a new member, and the
-	// address says which machine and process it is.
-	cfg.Name = fmt.Sprintf("%s/%s/%s", hostname, transport.AdvertisedHost, rand.Text()[:6])
+	cfg.Name = nodeName(hostname, transport)
 	cfg.Model = p.served
 	cfg.Topology = topo
 	cfg.Devices = devices
@@ -141,7 +141,20 @@ func Start(o Options) (*Running, error) {
 	if eng.startTimeout > 0 {
 		cfg.StartTimeout = eng.startTimeout
 	}
-	if r.node, err = actors.StartNode(cfg); err != nil {
+	for attempt := 1; ; attempt++ {
+		r.node, err = actors.StartNode(cfg)
+		// A port found free can be taken before the transport listens on
+		// it, by another process or as an outgoing connection's ephemeral
+		// port: when dpnode chose it, it chooses again.
+		if err == nil || o.RPCPort != 0 || attempt == 5 || !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+		if transport, err = transportConfig(bindHost, advHost, o.RPCPort, o.TLS); err != nil {
+			break
+		}
+		cfg.Remote, cfg.Name = transport, nodeName(hostname, transport)
+	}
+	if err != nil {
 		closeListener()
 		eng.close()
 		return nil, err
@@ -215,6 +228,12 @@ func Start(o Options) (*Running, error) {
 			"gpus", inv.Source, "gossip", r.membership.Address(), "actors", r.node.Meta().ActorAddress,
 			"seeds", len(o.Seeds), "max_model_len", p.scheduler.MaxModelLen)...)...)
 	return r, nil
+}
+
+// nodeName is unique per incarnation: a restarted node is a new member,
+// and the name says which machine and process it is.
+func nodeName(hostname string, transport *remote.Config) string {
+	return fmt.Sprintf("%s/%s/%s", hostname, transport.AdvertisedHost, rand.Text()[:6])
 }
 
 func rankRange(start, local, size int) string {

@@ -24,6 +24,9 @@ type Target struct {
 	// NoStream asks for whole responses: only end-to-end latency is
 	// measured, and the client's own cost is least.
 	NoStream bool
+	// Temperature, when set, is sent with every request (0: greedy);
+	// otherwise the server's default applies.
+	Temperature *float64
 }
 
 // NewHTTPClient returns a client for load: connections are reused and
@@ -94,6 +97,7 @@ type completionBody struct {
 	Prompt        []uint32 `json:"prompt"`
 	MaxTokens     int      `json:"max_tokens"`
 	IgnoreEOS     bool     `json:"ignore_eos"`
+	Temperature   *float64 `json:"temperature,omitempty"`
 	Stream        bool     `json:"stream"`
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
@@ -122,7 +126,7 @@ func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 		o.E2E = time.Since(sent)
 		return o
 	}
-	body := completionBody{Model: t.Model, Prompt: it.Prompt, MaxTokens: it.MaxTokens, IgnoreEOS: true, Stream: !t.NoStream}
+	body := completionBody{Model: t.Model, Prompt: it.Prompt, MaxTokens: it.MaxTokens, IgnoreEOS: true, Temperature: t.Temperature, Stream: !t.NoStream}
 	if body.Stream {
 		body.StreamOptions = &struct {
 			IncludeUsage bool `json:"include_usage"`

@@ -58,6 +58,8 @@ type options struct {
 	title          string
 	quiet          bool
 	noStream       bool
+	temperature    float64
+	temperatureSet bool
 	detail         bool
 	simulate       bool
 	ranks          int
@@ -91,6 +93,7 @@ and wave logic over --ranks simulated ranks in virtual time instead.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			o.temperatureSet = cmd.Flags().Changed("temperature")
 			return run(ctx, o, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -126,6 +129,7 @@ and wave logic over --ranks simulated ranks in virtual time instead.`,
 	f.StringVar(&o.title, "title", "", "the plot's title")
 	f.BoolVar(&o.quiet, "quiet", false, "no progress bar")
 	f.BoolVar(&o.noStream, "no-stream", false, "ask for whole responses: end-to-end latency only, at the least client cost (TTFT then reads as E2E)")
+	f.Float64Var(&o.temperature, "temperature", 0, "send this temperature with every request (default: the server's; 0 is greedy)")
 	f.BoolVar(&o.detail, "detail", false, "also write every request's timings to --out (start, TTFT, end-to-end, lengths, error)")
 	f.BoolVar(&o.simulate, "simulate", false, "run the virtual-time simulator instead of an endpoint")
 	f.IntVar(&o.ranks, "ranks", 4, "simulated data-parallel ranks")
@@ -180,6 +184,9 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		}
 	} else {
 		t := &Target{BaseURL: strings.TrimRight(o.url, "/"), Model: o.model, APIKey: o.apiKey, Client: NewHTTPClient(), NoStream: o.noStream}
+		if o.temperatureSet {
+			t.Temperature = &o.temperature
+		}
 		if t.Model == "" {
 			if t.Model, err = t.DiscoverModel(ctx); err != nil {
 				return fmt.Errorf("%s: %w", o.url, err)

@@ -8,7 +8,6 @@
 package llamacpptest
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
@@ -147,42 +146,62 @@ func reference(t testing.TB) string {
 
 // Greedy returns llama.cpp's own single-sequence greedy continuation of
 // each prompt, maxTokens long, past end tokens (as with ignore_eos),
-// computed with a KV cache of kvType ("f16" or "f32").
+// computed with a KV cache of kvType ("f16" or "f32"). The prompts are
+// shared among a reference process per core.
 func Greedy(t testing.TB, model, kvType string, maxTokens int, prompts [][]uint32) [][]uint32 {
 	t.Helper()
-	var in bytes.Buffer
-	for _, p := range prompts {
-		for i, id := range p {
-			if i > 0 {
-				in.WriteByte(' ')
+	bin, libs := reference(t), BackendDir(t)
+	procs := min(runtime.NumCPU(), len(prompts))
+	res := make([][]uint32, len(prompts))
+	errs := make([]error, procs)
+	var wg sync.WaitGroup
+	for w := range procs {
+		wg.Go(func() {
+			var mine []int
+			for i := w; i < len(prompts); i += procs {
+				mine = append(mine, i)
 			}
-			in.WriteString(strconv.Itoa(int(id)))
-		}
-		in.WriteByte('\n')
-	}
-	cmd := exec.Command(reference(t), model, BackendDir(t), kvType, strconv.Itoa(maxTokens))
-	cmd.Stdin = &in
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("the reference decoder failed: %v\n%s", err, stderr.String())
-	}
-	var res [][]uint32
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		var ids []uint32
-		for _, f := range strings.Fields(sc.Text()) {
-			n, err := strconv.Atoi(f)
+			var in bytes.Buffer
+			for _, i := range mine {
+				for j, id := range prompts[i] {
+					if j > 0 {
+						in.WriteByte(' ')
+					}
+					in.WriteString(strconv.Itoa(int(id)))
+				}
+				in.WriteByte('\n')
+			}
+			cmd := exec.Command(bin, model, libs, kvType, strconv.Itoa(maxTokens))
+			cmd.Stdin = &in
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
 			if err != nil {
-				t.Fatalf("the reference printed %q", sc.Text())
+				errs[w] = fmt.Errorf("the reference decoder failed: %v\n%s", err, stderr.String())
+				return
 			}
-			ids = append(ids, uint32(n))
-		}
-		res = append(res, ids)
+			lines := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+			if len(lines) != len(mine) {
+				errs[w] = fmt.Errorf("the reference answered %d of %d prompts", len(lines), len(mine))
+				return
+			}
+			for k, line := range lines {
+				for _, f := range strings.Fields(line) {
+					n, err := strconv.Atoi(f)
+					if err != nil {
+						errs[w] = fmt.Errorf("the reference printed %q", line)
+						return
+					}
+					res[mine[k]] = append(res[mine[k]], uint32(n))
+				}
+			}
+		})
 	}
-	if len(res) != len(prompts) {
-		t.Fatalf("the reference answered %d of %d prompts", len(res), len(prompts))
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	return res
 }

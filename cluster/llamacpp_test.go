@@ -479,3 +479,44 @@ func TestLlamaCppChatTemplates(t *testing.T) {
 		t.Fatalf("chat with --chat-template: %d %s", code, body)
 	}
 }
+
+// TestLlamaCppInternalModeAcrossProcesses runs an API node with no ranks
+// of its own (it loads the model's tokenizer only) and a headless node
+// with two, as separate processes: requests cross the actor transport to
+// the ranks, and their greedy text is llama.cpp's.
+func TestLlamaCppInternalModeAcrossProcesses(t *testing.T) {
+	model := llamacpptest.Model(t)
+	t.Setenv(llamacpp.WorkerEnv, llamacpptest.Worker(t))
+	engine := []string{"--engine", "llamacpp", "--model", model, "--threads", "1", "--kv-cache-memory-bytes", "16MiB", "--max-num-seqs", "16"}
+	a := startProc(t, "127.0.0.91", nodeArgs("127.0.0.91", append([]string{"--host", "127.0.0.91", "--port", "0",
+		"--data-parallel-lb", "internal", "--data-parallel-size", "2", "--data-parallel-size-local", "0"}, engine...)...)...)
+	startProc(t, "127.0.0.92", nodeArgs("127.0.0.92", append([]string{"--headless", "--data-parallel-size", "2",
+		"--data-parallel-size-local", "2", "--seeds", "127.0.0.91:7946"}, engine...)...)...)
+	a.waitView("the API node balances over both remote ranks", 60*time.Second, func(v clusterView) bool {
+		ready := 0
+		for _, r := range v.Ranks {
+			if r.Balanced && r.Ready && !r.Local {
+				ready++
+			}
+		}
+		return ready == 2
+	})
+	if n := len(workersOf(a.cmd.Process.Pid, "rank-")); n != 0 {
+		t.Fatalf("the API node runs %d model workers; it has no ranks", n)
+	}
+	if n := len(workersOf(a.cmd.Process.Pid, "tokenizer")); n != 1 {
+		t.Fatalf("the API node runs %d tokenizer workers, want 1", n)
+	}
+	n := &llamaNode{base: a.url, http: &http.Client{}}
+	ps := prompts(8)
+	want := llamacpptest.Greedy(t, model, "f32", 16, ps)
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Go(func() {
+			if got, _ := n.greedy(t, p, 16); !slices.Equal(got, want[i]) {
+				t.Errorf("prompt %d through the remote ranks: %v, want %v", i, got, want[i])
+			}
+		})
+	}
+	wg.Wait()
+}

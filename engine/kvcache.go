@@ -167,6 +167,9 @@ func (c *kvCache) touch(id int32) {
 	b := &c.blocks[id]
 	if b.refCount == 0 {
 		c.removeFree(id)
+		if c.seqs != nil && b.home != noSeq {
+			c.seqs.cachedOnly--
+		}
 	}
 	b.refCount++
 }
@@ -289,6 +292,9 @@ func (c *kvCache) unref(id int32) {
 			b.cached = false
 		}
 		c.pushFree(id)
+		if c.seqs != nil && b.home != noSeq {
+			c.seqs.cachedOnly++
+		}
 	}
 }
 

@@ -23,6 +23,12 @@ const noSeq int32 = -1
 // So the executor's cells in use never exceed the blocks held or cached,
 // and an executor whose cache has NumBlocks·BlockSize cells never runs
 // out of them.
+//
+// A shared cache has a cost a block cache does not: every step attends
+// over (masks out) every cell in use, other sequences' and cached ones
+// included. So the cells that only the prefix cache holds are kept to at
+// most those that requests hold (or a step's budget, when fewer), the
+// least recently read kept sequences going first.
 type seqTable struct {
 	// free holds the ids no request and no cached block uses.
 	free []int32
@@ -36,6 +42,9 @@ type seqTable struct {
 	// lastRead orders kept sequences for eviction.
 	lastRead []uint64
 	tick     uint64
+	// cachedOnly counts the blocks that hold KV for the prefix cache
+	// alone: no request holds them, and their home keeps their cells.
+	cachedOnly int
 	// ops are the moves for the next step.
 	ops []SeqOp
 }
@@ -97,6 +106,25 @@ func (c *kvCache) returnSeq(req *Request) {
 
 // evictKeptSeq frees the id of the kept sequence read least recently.
 func (c *kvCache) evictKeptSeq(running []*Request) {
+	if !c.evictOldestKept(running) {
+		panic("engine: no sequence id is free or kept; the config check should have made that impossible")
+	}
+}
+
+// trimKept evicts kept sequences while the cells only the prefix cache
+// holds outnumber those requests hold, and floor.
+func (c *kvCache) trimKept(running []*Request, floor int) {
+	if c.seqs == nil {
+		return
+	}
+	held := len(c.blocks) - c.numFree
+	for c.seqs.cachedOnly*c.blockSize > max(held*c.blockSize, floor) && c.evictOldestKept(running) {
+	}
+}
+
+// evictOldestKept evicts the kept sequence read least recently; it
+// reports false when no sequence is kept.
+func (c *kvCache) evictOldestKept(running []*Request) bool {
 	t := c.seqs
 	victim := noSeq
 	for s := range t.live {
@@ -105,7 +133,7 @@ func (c *kvCache) evictKeptSeq(running []*Request) {
 		}
 	}
 	if victim == noSeq {
-		panic("engine: no sequence id is free or kept; the config check should have made that impossible")
+		return false
 	}
 	for _, id := range t.blocks[victim] {
 		b := &c.blocks[id]
@@ -119,6 +147,7 @@ func (c *kvCache) evictKeptSeq(running []*Request) {
 			}
 			b.cached = false
 			b.home = noSeq
+			t.cachedOnly--
 			continue
 		}
 		c.rehome(id, running)
@@ -127,6 +156,7 @@ func (c *kvCache) evictKeptSeq(running []*Request) {
 	t.blocks[victim] = t.blocks[victim][:0]
 	t.op(SeqOp{Kind: SeqRemove, Dst: victim, P0: 0, P1: -1})
 	t.free = append(t.free, victim)
+	return true
 }
 
 // rehome moves a block's home to the sequence of a request that holds it,
@@ -167,6 +197,9 @@ func (c *kvCache) unhome(id int32, removeKV bool) {
 	}
 	b.home = noSeq
 	t.homed[s]--
+	if b.refCount == 0 {
+		t.cachedOnly--
+	}
 	if t.homed[s] == 0 && !t.live[s] {
 		t.blocks[s] = t.blocks[s][:0]
 		t.free = append(t.free, s)
@@ -209,6 +242,9 @@ func (c *kvCache) releaseSeq(req *Request) {
 		if b.home == s {
 			b.home = noSeq
 			t.homed[s]--
+			if b.refCount == 0 {
+				t.cachedOnly--
+			}
 		}
 		drop = append(drop, i)
 	}

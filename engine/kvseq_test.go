@@ -139,16 +139,21 @@ func checkSeqInvariants(t tester, s *Scheduler) {
 	t.Helper()
 	tab := s.kv.seqs
 	homed := make([]int32, len(tab.live))
+	cachedOnly := 0
 	for id := range s.kv.blocks {
 		b := &s.kv.blocks[id]
 		if b.home != noSeq {
 			homed[b.home]++
 		}
 		if b.refCount == 0 && b.home != noSeq {
+			cachedOnly++
 			if !s.kv.findable(int32(id)) {
 				t.Fatalf("free block %d keeps its KV in sequence %d but cannot be found", id, b.home)
 			}
 		}
+	}
+	if cachedOnly != tab.cachedOnly {
+		t.Fatalf("%d blocks are cached only, count says %d", cachedOnly, tab.cachedOnly)
 	}
 	live := 0
 	for seq := range tab.live {
@@ -258,4 +263,36 @@ func TestKeptSequencesAreEvictedForNewRequests(t *testing.T) {
 	if prefix := s.kv.computedPrefix(&Request{prompt: prompt(5, 12), seq: noSeq}); len(prefix) != 2 {
 		t.Fatalf("r5's prefix: %d blocks found, want 2", len(prefix))
 	}
+}
+
+// TestCachedOnlyCellsAreBounded: in a shared cache every step pays for the
+// cells the prefix cache keeps, so they are kept to no more than the
+// requests hold, or a step's budget.
+func TestCachedOnlyCellsAreBounded(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxNumSeqs, cfg.SequenceSlots, cfg.MaxNumBatchedTokens = 2, 8, 16
+	s := newTestScheduler(t, cfg)
+	m := newCellModel(cfg.NumBlocks * cfg.BlockSize)
+	out := map[string][]uint32{}
+	for i := range 6 {
+		// Each leaves 3 blocks (12 tokens) in the prefix cache alone.
+		serveWithCells(t, s, m, fmt.Sprint("r", i), prompt(i, 12), 2, out)
+	}
+	if err := s.Add(NewRequest{ID: "next", Prompt: prompt(9, 3), Sampling: SamplingParams{MaxTokens: 1, IgnoreEOS: true}}); err != nil {
+		t.Fatal(err)
+	}
+	b := s.Schedule()
+	held := s.kv.numBlocks() - s.kv.numFree
+	if got, limit := s.kv.seqs.cachedOnly*cfg.BlockSize, max(held*cfg.BlockSize, keptCacheSteps*cfg.MaxNumBatchedTokens); got > limit || got == 0 {
+		t.Fatalf("%d tokens of KV kept for the prefix cache alone; want some, at most %d", got, limit)
+	}
+	// The most recent prompt is still found; the oldest went.
+	if prefix := s.kv.computedPrefix(&Request{prompt: prompt(5, 12), seq: noSeq}); len(prefix) != 2 {
+		t.Fatalf("the last prompt's prefix: %d blocks found, want 2", len(prefix))
+	}
+	if prefix := s.kv.computedPrefix(&Request{prompt: prompt(0, 12), seq: noSeq}); len(prefix) != 0 {
+		t.Fatalf("the first prompt's prefix is still cached (%d blocks)", len(prefix))
+	}
+	s.Update(b, m.step(t, s, b, func(string) []uint32 { return prompt(9, 3) }))
+	checkSeqInvariants(t, s)
 }

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"slices"
@@ -58,6 +59,7 @@ type options struct {
 	title          string
 	quiet          bool
 	noStream       bool
+	noKeepAlive    bool
 	temperature    float64
 	temperatureSet bool
 	detail         bool
@@ -129,6 +131,7 @@ and wave logic over --ranks simulated ranks in virtual time instead.`,
 	f.StringVar(&o.title, "title", "", "the plot's title")
 	f.BoolVar(&o.quiet, "quiet", false, "no progress bar")
 	f.BoolVar(&o.noStream, "no-stream", false, "ask for whole responses: end-to-end latency only, at the least client cost (TTFT then reads as E2E)")
+	f.BoolVar(&o.noKeepAlive, "no-keepalive", false, "a connection per request (for servers that close idle connections under the client, which POSTs cannot be retried on)")
 	f.Float64Var(&o.temperature, "temperature", 0, "send this temperature with every request (default: the server's; 0 is greedy)")
 	f.BoolVar(&o.detail, "detail", false, "also write every request's timings to --out (start, TTFT, end-to-end, lengths, error)")
 	f.BoolVar(&o.simulate, "simulate", false, "run the virtual-time simulator instead of an endpoint")
@@ -184,6 +187,9 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		}
 	} else {
 		t := &Target{BaseURL: strings.TrimRight(o.url, "/"), Model: o.model, APIKey: o.apiKey, Client: NewHTTPClient(), NoStream: o.noStream}
+		if o.noKeepAlive {
+			t.Client.Transport.(*http.Transport).DisableKeepAlives = true
+		}
 		if o.temperatureSet {
 			t.Temperature = &o.temperature
 		}

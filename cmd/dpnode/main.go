@@ -3,12 +3,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -43,6 +45,7 @@ func newRootCommand() *cobra.Command {
 func newTestModelCommand() *cobra.Command {
 	cfg := llamacpp.DefaultTestModel()
 	var out, template string
+	var whole bool
 	cmd := &cobra.Command{
 		Use:   "testmodel",
 		Short: "Write a small random-weight model with a real tokenizer, for tests of the llama.cpp engine",
@@ -62,6 +65,17 @@ writes the same file.`,
 					return fmt.Errorf("--chat-template: %w", err)
 				}
 				cfg.ChatTemplate = string(b)
+			}
+			if whole {
+				worker, err := llamacpp.FindWorker()
+				if err != nil {
+					return fmt.Errorf("--whole-characters reads the vocabulary with llama.cpp: %w", err)
+				}
+				ctx, cancel := context.WithTimeout(cmd.Context(), time.Minute)
+				defer cancel()
+				if cfg.Silence, err = llamacpp.PartialCharacterTokens(ctx, llamacpp.WorkerConfig{Binary: worker}, cfg.Vocab); err != nil {
+					return err
+				}
 			}
 			f, err := os.Create(out)
 			if err != nil {
@@ -90,6 +104,7 @@ writes the same file.`,
 	f.IntVar(&cfg.FeedForward, "feed-forward", cfg.FeedForward, "width of the feed-forward layers")
 	f.IntVar(&cfg.ContextLength, "context-length", cfg.ContextLength, "context length the model claims")
 	f.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the weights")
+	f.BoolVar(&whole, "whole-characters", false, "never write a token that is part of a UTF-8 character (for servers that fail on such output; needs make llamacpp)")
 	_ = cmd.MarkFlagRequired("vocab")
 	return cmd
 }

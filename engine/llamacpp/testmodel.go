@@ -1,12 +1,14 @@
 package llamacpp
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/dpnode/dpnode/engine/gguf"
 )
@@ -29,6 +31,11 @@ type TestModelConfig struct {
 	// Seed makes the weights; one seed always gives the same file.
 	Seed uint64
 	Name string
+	// Silence lists tokens the model never writes: their output rows are
+	// zero, so their logits are 0 where the others' reach tens. A model
+	// that never writes part of a character (WholeCharacterTokens) is one
+	// that servers which fail on such output can be measured with.
+	Silence []uint32
 }
 
 // DefaultTestModel is a model of 2 layers, 64 wide, with 4 query heads
@@ -142,8 +149,32 @@ func WriteTestModel(w io.Writer, cfg TestModelConfig) error {
 	}
 	// An output projection of its own: tied to the embedding, a random
 	// model only repeats its last token, whatever came before it.
+	output := normal(cfg.Embedding*nVocab, 1)
+	for _, t := range cfg.Silence {
+		if int(t) < nVocab {
+			clear(output[int(t)*cfg.Embedding : (int(t)+1)*cfg.Embedding])
+		}
+	}
 	tensors = append(tensors,
 		gguf.Tensor{Name: "output_norm.weight", Dims: []uint64{e}, Data: ones(cfg.Embedding)},
-		gguf.Tensor{Name: "output.weight", Dims: []uint64{e, uint64(nVocab)}, Data: normal(cfg.Embedding*nVocab, 1)})
+		gguf.Tensor{Name: "output.weight", Dims: []uint64{e, uint64(nVocab)}, Data: output})
 	return gguf.Write(w, kv, tensors)
+}
+
+// PartialCharacterTokens returns the tokens of a vocabulary whose text, as
+// llama.cpp renders it, is not whole UTF-8 characters: a token that is part
+// of one. It asks a vocabulary worker.
+func PartialCharacterTokens(ctx context.Context, cfg WorkerConfig, vocab string) ([]uint32, error) {
+	tok, err := NewTokenizer(ctx, cfg, vocab)
+	if err != nil {
+		return nil, err
+	}
+	defer tok.Close()
+	var out []uint32
+	for id := range uint32(tok.VocabSize()) {
+		if !utf8.ValidString(tok.Decode([]uint32{id})) {
+			out = append(out, id)
+		}
+	}
+	return out, nil
 }

@@ -124,6 +124,8 @@ type stepDone struct {
 	batch *engine.Batch
 	res   engine.StepResult
 	err   error
+	// wall is how long Execute took.
+	wall time.Duration
 }
 
 // NewEngineProducer returns the producer of a rank's EngineActor. epoch is
@@ -353,10 +355,12 @@ func (e *EngineActor) launch(ctx actor.Context, batch *engine.Batch) {
 	exec, stepCtx, self, root := e.exec, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
 	go func() {
 		done := &stepDone{batch: batch}
+		start := time.Now()
 		defer func() {
 			if r := recover(); r != nil {
 				done.err = fmt.Errorf("executor panicked: %v", r)
 			}
+			done.wall = time.Since(start)
 			root.Send(self, done)
 		}()
 		done.res, done.err = exec.Execute(stepCtx, batch)
@@ -376,6 +380,10 @@ func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
 		// An executor failure is a GPU failure: crash, and let the
 		// supervisor restart the engine and move its requests.
 		panic(fmt.Errorf("engine rank %d: step %d failed: %w", e.cfg.Rank, msg.batch.Step, msg.err))
+	}
+	if !msg.batch.Empty() {
+		e.cfg.Metrics.stepTime.Observe(msg.wall.Seconds())
+		e.cfg.Metrics.executorTime.Add(msg.res.Duration.Seconds())
 	}
 	outs := e.sched.Update(msg.batch, msg.res)
 	if e.waves != nil {

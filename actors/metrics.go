@@ -29,7 +29,8 @@ type Metrics struct {
 	promptTokens, generation  *prometheus.CounterVec
 	prefixQueries, prefixHits *prometheus.CounterVec
 	preemptions, steps        *prometheus.CounterVec
-	computed                  *prometheus.CounterVec
+	computed, executorTime    *prometheus.CounterVec
+	stepTime                  *prometheus.HistogramVec
 	ttft, itl, e2e            *prometheus.HistogramVec
 	restarts, migrated        *prometheus.CounterVec
 	redispatched, failed      *prometheus.CounterVec
@@ -67,12 +68,15 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 		preemptions:   counter("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine."),
 		steps:         counter("dpnode_engine_steps_total", "Engine steps run."),
 		computed:      counter("dpnode_engine_computed_tokens_total", "Tokens the model computed, as its executor counted them: prefix-cache hits are not computed again."),
-		ttft:          hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
-		itl:           hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itlBuckets),
-		e2e:           hist("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", e2eBuckets),
-		restarts:      counter("dpnode_engine_restarts_total", "Engine actor crashes followed by a restart."),
-		migrated:      counter("dpnode_requests_migrated_total", "Requests moved mid-stream off a crashed engine, counted on the rank they left."),
-		redispatched:  counter("dpnode_requests_redispatched_total", "Requests with no output yet sent again off a crashed engine, counted on the rank they left."),
+		executorTime: counter("dpnode_engine_executor_seconds_total",
+			"The executor's own account of its steps' time: the model's compute in a llama.cpp worker, the modelled time in the simulator."),
+		stepTime:     hist("dpnode_engine_step_seconds", "A step's time as the engine sees it, from handing it to the executor to its result.", shortBuckets),
+		ttft:         hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
+		itl:          hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itlBuckets),
+		e2e:          hist("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", e2eBuckets),
+		restarts:     counter("dpnode_engine_restarts_total", "Engine actor crashes followed by a restart."),
+		migrated:     counter("dpnode_requests_migrated_total", "Requests moved mid-stream off a crashed engine, counted on the rank they left."),
+		redispatched: counter("dpnode_requests_redispatched_total", "Requests with no output yet sent again off a crashed engine, counted on the rank they left."),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dpnode_requests_failed_total",
 			Help: "Requests that ended in an error, by reason."}, []string{"model_name", "reason"}),
 		inflight:     gauge("dpnode_requests_in_flight", "Requests this API server has sent to the rank that have not finished."),
@@ -94,7 +98,7 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 			Help: "Load snapshots published by this node's coordinator."}),
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.success, m.promptTokens, m.generation,
-		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.computed, m.ttft, m.itl, m.e2e, m.restarts,
+		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.computed, m.executorTime, m.stepTime, m.ttft, m.itl, m.e2e, m.restarts,
 		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.engineFailed, m.parked, m.snapshots,
 		m.waves, m.dummySteps, m.waveDuration, m.balance, m.collectiveWait, m.waveStart)
 	return m
@@ -128,7 +132,8 @@ type rankMetrics struct {
 	generation                prometheus.Counter
 	prefixQueries, prefixHits prometheus.Counter
 	preemptions, steps        prometheus.Counter
-	computed                  prometheus.Counter
+	computed, executorTime    prometheus.Counter
+	stepTime                  prometheus.Observer
 	ttft, itl                 prometheus.Observer
 	restarts, migrated        prometheus.Counter
 	redispatched              prometheus.Counter
@@ -153,6 +158,7 @@ func (m *Metrics) forRank(rank int) *rankMetrics {
 		generation:    m.generation.With(l),
 		prefixQueries: m.prefixQueries.With(l), prefixHits: m.prefixHits.With(l),
 		preemptions: m.preemptions.With(l), steps: m.steps.With(l), computed: m.computed.With(l),
+		executorTime: m.executorTime.With(l), stepTime: m.stepTime.With(l),
 		ttft: m.ttft.With(l), itl: m.itl.With(l),
 		restarts: m.restarts.With(l), migrated: m.migrated.With(l), redispatched: m.redispatched.With(l),
 		inflight: m.inflight.With(l), ready: m.ready.With(l), failed: m.engineFailed.With(l),

@@ -58,6 +58,7 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
+# ROUNDS=0 runs only the profile below.
 # The prefix cache, one rank: prompts of 2,016 tokens that share nothing,
 # then prompts whose first 2,000 tokens are one shared prefix.
 for round in $(seq "$ROUNDS"); do
@@ -66,6 +67,15 @@ for round in $(seq "$ROUNDS"); do
   "$DPBENCH" "${prefix[@]}" --input-len fixed:2016 --seed "$round" --label "2,016 tokens, no shared prefix" --out "$OUT/llamacpp-prefix-miss-r$round.json"
   "$DPBENCH" "${prefix[@]}" --input-len fixed:16 --prefix-groups 1 --prefix-len 2000 --seed "$round" --label "the same, 2,000 shared" \
     --out "$OUT/llamacpp-prefix-hit-r$round.json"
+  stop_all
+done
+
+# Where a step's time goes, one rank: the engine's view of its steps
+# against the worker's own account of its compute, from /metrics.
+for c in 1 32; do
+  start dpnode-1
+  "$DPBENCH" "${common[@]}" --concurrency "$c" --requests $((c * 8)) --label "dpnode-1 profile" --out "$OUT/llamacpp-profile-c$c.json"
+  curl -s http://127.0.0.1:18000/metrics >"$OUT/llamacpp-profile-c$c.metrics"
   stop_all
 done
 
@@ -80,13 +90,24 @@ def fmt(xs, nd=0):
     return f"{m:.{nd}f} ({min(xs):.{nd}f}-{max(xs):.{nd}f})"
 print("| target | clients | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | failed |")
 print("|---|---|---|---|---|---|---|")
-for target in targets:
+for target in targets if rounds else []:
     for c in [1, 8, 32]:
         runs = load(f"llamacpp-{target}-c{c}")
         print(f"| {target} | {c} | {fmt([r['output_token_throughput'] for r in runs])} | {fmt([r['ttft_ms']['p50'] for r in runs], 1)} | "
               f"{fmt([r['ttft_ms']['p99'] for r in runs], 1)} | {fmt([r['itl_ms']['p50'] for r in runs], 1)} | {sum(r['failed'] for r in runs)} |")
 miss, hit = load("llamacpp-prefix-miss"), load("llamacpp-prefix-hit")
 ratios = [h["ttft_ms"]["p50"] / m["ttft_ms"]["p50"] for m, h in zip(miss, hit)]
-print(f"\nprefix cache, TTFT p50: {fmt([m['ttft_ms']['p50'] for m in miss], 1)} ms without a shared prefix, "
-      f"{fmt([h['ttft_ms']['p50'] for h in hit], 1)} ms with 2,000 tokens shared: {fmt(ratios, 3)}x")
+def metric(path, name):
+    return sum(float(l.split()[-1]) for l in open(path) if l.startswith(name + "{") or l.startswith(name + " "))
+for c in [1, 32]:
+    m = f"{out}/llamacpp-profile-c{c}.metrics"
+    steps = metric(m, "dpnode_engine_step_seconds_count")
+    wall, compute = metric(m, "dpnode_engine_step_seconds_sum"), metric(m, "dpnode_engine_executor_seconds_total")
+    tokens = metric(m, "dpnode_engine_computed_tokens_total")
+    itl = json.load(open(f"{out}/llamacpp-profile-c{c}.json"))["runs"][0]["itl_ms"]["p50"]
+    print(f"\n{c} client(s): {steps:.0f} steps of {tokens / steps:.1f} tokens; a step takes {1000 * wall / steps:.2f} ms as the engine sees it, "
+          f"{1000 * compute / steps:.2f} ms in the worker's decode and sampling ({1000 * (wall - compute) / steps:.3f} ms to and from the worker); ITL p50 {itl:.2f} ms")
+if rounds:
+    print(f"\nprefix cache, TTFT p50: {fmt([m['ttft_ms']['p50'] for m in miss], 1)} ms without a shared prefix, "
+          f"{fmt([h['ttft_ms']['p50'] for h in hit], 1)} ms with 2,000 tokens shared: {fmt(ratios, 3)}x")
 PY

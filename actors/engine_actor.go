@@ -93,6 +93,8 @@ type clientOutputs struct {
 type executorStarted struct {
 	exec engine.Executor
 	err  error
+	// done is closed once exec and err are set.
+	done chan struct{}
 }
 
 // executorExited reports that an executor's process exited on its own.
@@ -198,7 +200,7 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 // to load its model.
 func (e *EngineActor) start(ctx actor.Context) {
 	e.stepCtx, e.stopStep = context.WithCancel(context.Background())
-	started := &executorStarted{}
+	started := &executorStarted{done: make(chan struct{})}
 	e.starting = started
 	newExec, stepCtx, self, root := e.cfg.NewExecutor, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
 	go func() {
@@ -206,6 +208,7 @@ func (e *EngineActor) start(ctx actor.Context) {
 			if r := recover(); r != nil {
 				started.exec, started.err = nil, fmt.Errorf("starting the executor panicked: %v", r)
 			}
+			close(started.done)
 			root.Send(self, started)
 		}()
 		started.exec, started.err = newExec(stepCtx)
@@ -223,6 +226,14 @@ func (e *EngineActor) stop() {
 	}
 	closeExecutor(e.exec)
 	e.exec = nil
+	if s := e.starting; s != nil {
+		// A start in progress: its result would reach a mailbox that no
+		// longer reads. Cancelled, it ends soon; its executor is closed
+		// here.
+		<-s.done
+		closeExecutor(s.exec)
+		e.starting = nil
+	}
 }
 
 func closeExecutor(exec engine.Executor) {
@@ -233,7 +244,8 @@ func closeExecutor(exec engine.Executor) {
 
 func (e *EngineActor) executorStarted(ctx actor.Context, msg *executorStarted) {
 	if msg != e.starting || e.stepCtx.Err() != nil {
-		// The start of an earlier incarnation, or of one that stopped.
+		// The start of an earlier incarnation, or of one that stopped,
+		// which closed it (closing twice is harmless).
 		closeExecutor(msg.exec)
 		return
 	}

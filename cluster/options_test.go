@@ -2,11 +2,15 @@ package cluster
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/dp"
+	"github.com/dpnode/dpnode/engine/gguf"
+	"github.com/dpnode/dpnode/engine/llamacpp"
 )
 
 func TestContradictoryFlagsAreRefusedWithOneClearError(t *testing.T) {
@@ -84,5 +88,40 @@ func TestTooFewGPUsIsAClearError(t *testing.T) {
 	_, err := Start(o)
 	if err == nil || !strings.Contains(err.Error(), "4 local ranks need 4 GPUs but only 2 were found") || !strings.Contains(err.Error(), "--gpus") {
 		t.Fatalf("error %v; want one naming the GPU shortfall and --gpus", err)
+	}
+}
+
+// TestLlamaCppWithoutTheWorkerSaysHowToGetIt: on a machine without make
+// llamacpp's worker, --engine llamacpp fails at once, before anything
+// starts, saying how to install it.
+func TestLlamaCppWithoutTheWorkerSaysHowToGetIt(t *testing.T) {
+	dir := t.TempDir()
+	vocab, model := filepath.Join(dir, "vocab.gguf"), filepath.Join(dir, "model.gguf")
+	f, err := os.Create(vocab)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens := &gguf.Array{Elem: gguf.TypeString, Values: []gguf.Value{"<s>", "a", "b"}}
+	if err := gguf.Write(f, []gguf.KV{{Key: "tokenizer.ggml.model", Value: "gpt2"}, {Key: "tokenizer.ggml.tokens", Value: tokens}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	cfg := llamacpp.DefaultTestModel()
+	cfg.Vocab, cfg.Embedding, cfg.FeedForward = vocab, 8, 8
+	f, err = os.Create(model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := llamacpp.WriteTestModel(f, cfg); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	t.Setenv(llamacpp.WorkerEnv, "")
+	t.Chdir(dir)
+	o := DefaultOptions()
+	o.Engine, o.Model = "llamacpp", model
+	_, err = o.check()
+	if err == nil || !IsFlagError(err) || !strings.Contains(err.Error(), "make llamacpp") {
+		t.Fatalf("error %v; want a flag error that says to run make llamacpp", err)
 	}
 }

@@ -289,13 +289,21 @@ func (w *Worker) Err() error {
 // Pid is the worker's process id.
 func (w *Worker) Pid() int { return w.cmd.Process.Pid }
 
-// Close kills the worker and waits until it is gone. The worker holds no
-// state worth saving: its requests move elsewhere.
+// closeGrace is how long Close lets the worker exit on its own, which an
+// idle one does at once, before it kills it.
+const closeGrace = 200 * time.Millisecond
+
+// Close stops the worker and waits until it is gone. Hanging up is the
+// worker's signal to exit; one that does not within closeGrace (it is in
+// the middle of a step) is killed: it holds no state worth saving, since
+// its requests move elsewhere.
 func (w *Worker) Close() error {
-	w.closing.Do(func() {
+	w.closing.Do(func() { w.conn.Close() })
+	select {
+	case <-w.done:
+	case <-time.After(closeGrace):
 		w.kill()
-		w.conn.Close()
-	})
-	<-w.done
+		<-w.done
+	}
 	return nil
 }

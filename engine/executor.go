@@ -158,7 +158,7 @@ type Limited interface {
 // its own, which can die between steps.
 //
 // Concurrency: Done and Err are safe for concurrent use; Close is called
-// once, after the last Execute has returned.
+// after the last Execute has returned, and again is harmless.
 type Process interface {
 	// Done is closed when the process has exited.
 	Done() <-chan struct{}

@@ -158,8 +158,11 @@ func (c *kvCache) popFree() int32 {
 // not.
 func (c *kvCache) findable(id int32) bool {
 	b := &c.blocks[id]
+	if !b.cached {
+		return false
+	}
 	found, ok := c.byHash[b.hash]
-	return b.cached && ok && found == id
+	return ok && found == id
 }
 
 // touch takes a reference on a cached block found by a prefix lookup.

@@ -64,6 +64,12 @@ func newSeqTable(slots int) *seqTable {
 
 func (t *seqTable) op(op SeqOp) { t.ops = append(t.ops, op) }
 
+// read marks s as read now, for the eviction order of kept sequences.
+func (t *seqTable) read(s int32) {
+	t.tick++
+	t.lastRead[s] = t.tick
+}
+
 // takeOps hands over the moves made since the last step.
 func (c *kvCache) takeOps() []SeqOp {
 	if c.seqs == nil {
@@ -217,8 +223,7 @@ func (c *kvCache) sharePrefix(req *Request, prefix []int32) {
 		for k < len(prefix) && c.blocks[prefix[k]].home == home {
 			k++
 		}
-		t.tick++
-		t.lastRead[home] = t.tick
+		t.read(home)
 		t.op(SeqOp{Kind: SeqCopy, Src: home, Dst: req.seq, P0: int32(j) * bs, P1: int32(k) * bs})
 		j = k
 	}
@@ -240,11 +245,8 @@ func (c *kvCache) releaseSeq(req *Request) {
 			continue
 		}
 		if b.home == s {
-			b.home = noSeq
-			t.homed[s]--
-			if b.refCount == 0 {
-				t.cachedOnly--
-			}
+			// s is live still: unhome leaves its id alone.
+			c.unhome(id, false)
 		}
 		drop = append(drop, i)
 	}
@@ -272,6 +274,5 @@ func (c *kvCache) releaseSeq(req *Request) {
 		t.op(SeqOp{Kind: SeqRemove, Dst: s, P0: int32(drop[j]) * bs, P1: int32(drop[k-1]+1) * bs})
 		j = k
 	}
-	t.tick++
-	t.lastRead[s] = t.tick
+	t.read(s)
 }

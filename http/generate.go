@@ -138,8 +138,10 @@ type choice struct {
 	text   []byte
 	// sent is how much of text the client has; only text that cannot
 	// still turn out to be the start of a stop string is sent.
-	sent int
-	// ids are the tokens generated; ids[idsSent:] are not yet streamed.
+	sent   int
+	tokens int
+	// ids are the tokens generated, kept for return_token_ids only;
+	// ids[idsSent:] are not yet streamed.
 	ids     []uint32
 	idsSent int
 	// rank served the latest tokens; -1 before the first.
@@ -295,7 +297,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 				}
 				return
 			}
-			c.ids = append(c.ids, ev.Tokens...)
+			c.tokens += len(ev.Tokens)
+			if g.tokenIDs {
+				c.ids = append(c.ids, ev.Tokens...)
+			}
 			if len(ev.Tokens) > 0 {
 				c.rank = ev.Rank
 			}
@@ -343,7 +348,7 @@ func (g *genSpec) usage(choices []*choice) usage {
 	}
 	cached := 0
 	for i, c := range choices {
-		u.CompletionTokens += len(c.ids)
+		u.CompletionTokens += c.tokens
 		if i%g.n == 0 {
 			cached += c.cached
 		}
@@ -362,7 +367,7 @@ func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u
 		for i, c := range choices {
 			ch := chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: string(c.text)}, FinishReason: c.finish}
 			if g.tokenIDs {
-				ch.TokenIDs = nonNil(c.ids)
+				ch.TokenIDs = c.ids
 			}
 			resp.Choices = append(resp.Choices, ch)
 		}
@@ -377,19 +382,11 @@ func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u
 		}
 		ch := completionChoice{Index: i, Text: text, FinishReason: strp(c.finish)}
 		if g.tokenIDs {
-			ch.PromptTokenIDs, ch.TokenIDs = g.prompts[c.prompt].tokens, nonNil(c.ids)
+			ch.PromptTokenIDs, ch.TokenIDs = g.prompts[c.prompt].tokens, c.ids
 		}
 		resp.Choices = append(resp.Choices, ch)
 	}
 	writeJSON(w, http.StatusOK, resp)
-}
-
-// nonNil keeps an empty list a list in JSON.
-func nonNil(ids []uint32) []uint32 {
-	if ids == nil {
-		return []uint32{}
-	}
-	return ids
 }
 
 // streamChunks writes one chunk per choice that has news in evs.
@@ -412,7 +409,7 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 		}
 		var ids []uint32
 		if g.tokenIDs {
-			ids = nonNil(c.ids[c.idsSent:])
+			ids = c.ids[c.idsSent:]
 			c.idsSent = len(c.ids)
 		}
 		if g.chat {

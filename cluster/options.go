@@ -107,11 +107,25 @@ type Options struct {
 	ExpertParallel    bool
 	CollectiveTimeout time.Duration
 
-	APIKey              string
+	// APIKeys are the bearer tokens the API accepts; APIKeyFile holds more,
+	// one a line, read again when it changes (key rotation).
+	APIKeys    []string
+	APIKeyFile string
+	// AdminAPIKeys open the /admin routes; without one they answer only
+	// to callers on the machine itself.
+	AdminAPIKeys []string
+	// MaxPendingRequests bounds the requests an API server holds beyond
+	// what its ranks run at once (ranks times --max-num-seqs): past it,
+	// 503 with Retry-After. -1: as many again as the ranks run; 0: none
+	// wait, every request beyond the ranks' capacity is refused.
+	MaxPendingRequests  int
 	MaxNumSeqs          int
 	MaxNumBatchedTokens int
 	MaxModelLen         int
 	NoPrefixCaching     bool
+	// HTTPTimeouts bound slow and idle clients; zero values take
+	// httpapi.DefaultTimeouts.
+	HTTPTimeouts httpapi.Timeouts
 	// DrainTimeout bounds how long a stopping node waits for requests in
 	// flight.
 	DrainTimeout time.Duration
@@ -148,6 +162,8 @@ func DefaultOptions() Options {
 		EngineMaxRestarts:     5,
 		EngineRestartWindow:   time.Minute,
 		DrainTimeout:          30 * time.Second,
+		MaxPendingRequests:    -1,
+		HTTPTimeouts:          httpapi.DefaultTimeouts(),
 	}
 }
 
@@ -169,6 +185,8 @@ type plan struct {
 	scheduler engine.SchedulerConfig
 	served    string
 	gossipKey []byte
+	// apiKeys and adminKeys are nil when not set.
+	apiKeys, adminKeys *httpapi.Keys
 	// profile is the simulated engine's; nil for llama.cpp.
 	profile *sim.Profile
 	// model, template and kvBytes are the llama.cpp engine's.
@@ -214,8 +232,10 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--ep-collective-timeout must be positive, got %v", o.CollectiveTimeout)
 	case o.DrainTimeout < 0:
 		return nil, flagError("--drain-timeout must not be negative, got %v", o.DrainTimeout)
-	case o.Headless && o.APIKey != "":
+	case o.Headless && (len(o.APIKeys) > 0 || o.APIKeyFile != ""):
 		return nil, flagError("--headless serves no API, so --api-key has no effect there")
+	case o.MaxPendingRequests < -1:
+		return nil, flagError("--max-pending-requests must be at least 0 (or -1 for the default), got %d", o.MaxPendingRequests)
 	case o.GossipProfile != "lan" && o.GossipProfile != "local":
 		return nil, flagError("--gossip-profile must be lan or local, got %q", o.GossipProfile)
 	case o.Threads < 0:
@@ -230,6 +250,13 @@ func (o Options) check() (*plan, error) {
 		return nil, err
 	}
 	p := &plan{opts: o, flags: o.dpFlags()}
+	var err error
+	if p.apiKeys, err = httpapi.NewKeys(o.APIKeys, o.APIKeyFile); err != nil {
+		return nil, flagError("--api-key: %v", err)
+	}
+	if p.adminKeys, err = httpapi.NewKeys(o.AdminAPIKeys, ""); err != nil {
+		return nil, flagError("--admin-api-key: %v", err)
+	}
 	if _, err := dp.NewPolicy(o.BalancePolicy, dp.PolicyConfig{}); err != nil {
 		return nil, flagError("--balance-policy: %v", err)
 	}
@@ -411,4 +438,19 @@ func orDefault(v, d int) int {
 		return v
 	}
 	return d
+}
+
+// maxRequests is the API server's bound on requests in flight: what the
+// ranks it balances over run at once, plus --max-pending-requests.
+func (p *plan) maxRequests(topo dp.Topology) int {
+	ranks := topo.LocalSize
+	if topo.BalancesRemote() {
+		ranks = topo.Size
+	}
+	running := ranks * p.scheduler.MaxNumSeqs
+	pending := p.opts.MaxPendingRequests
+	if pending < 0 {
+		pending = running
+	}
+	return running + pending
 }

@@ -185,8 +185,11 @@ func Start(o Options) (*Running, error) {
 			Tokenizer:    eng.tokenizer,
 			ChatTemplate: eng.template,
 			MaxModelLen:  p.scheduler.MaxModelLen,
-			APIKey:       o.APIKey,
+			APIKeys:      p.apiKeys,
+			AdminKeys:    p.adminKeys,
+			MaxRequests:  p.maxRequests(topo),
 			Gatherer:     reg,
+			Registerer:   reg,
 			OnDrain:      r.RequestDrain,
 			Version:      o.Version,
 			Logger:       o.Logger,
@@ -199,14 +202,14 @@ func Start(o Options) (*Running, error) {
 			return nil, err
 		}
 		r.api = api
-		r.server = &http.Server{Handler: api.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		r.server = httpapi.NewHTTPServer(api.Handler(), o.HTTPTimeouts)
 		go func() { r.served <- r.server.Serve(r.ln) }()
 	}
 	metricsURL := "none"
 	if o.MetricsPort >= 0 {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.MetricsPort))
 		m, err := httpapi.New(httpapi.Config{Backend: r.node, Tokenizer: eng.tokenizer, MaxModelLen: p.scheduler.MaxModelLen,
-			APIKey: o.APIKey, Gatherer: reg, OnDrain: r.RequestDrain, MetricsOnly: true, Version: o.Version, Logger: o.Logger})
+			APIKeys: p.apiKeys, Gatherer: reg, OnDrain: r.RequestDrain, MetricsOnly: true, Version: o.Version, Logger: o.Logger})
 		if err == nil {
 			r.metricsLn, err = net.Listen("tcp", addr)
 		}
@@ -214,7 +217,7 @@ func Start(o Options) (*Running, error) {
 			_ = r.Shutdown()
 			return nil, fmt.Errorf("cluster: serving metrics on %s: %w", addr, err)
 		}
-		r.metrics = &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		r.metrics = httpapi.NewHTTPServer(m.Handler(), o.HTTPTimeouts)
 		go func() { _ = r.metrics.Serve(r.metricsLn) }()
 		metricsURL = "http://" + r.metricsLn.Addr().String()
 	}

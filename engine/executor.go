@@ -146,6 +146,8 @@ type Limits struct {
 	MaxBatchTokens int
 	// EOSTokenIDs are the model's end-of-generation tokens.
 	EOSTokenIDs []uint32
+	// VocabSize bounds the token ids the model takes.
+	VocabSize int
 }
 
 // Limited is implemented by executors whose model sets the scheduler's

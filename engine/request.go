@@ -36,6 +36,30 @@ type SamplingParams struct {
 	StopTokenIDs []uint32
 }
 
+// MaxStopTokenIDs bounds a request's stop token ids. Every sampled token
+// is checked against them in constant time, but a client must not make an
+// engine hold (and, in llama.cpp, ban before min_tokens) an unbounded list.
+const MaxStopTokenIDs = 1024
+
+// tokenSet is a set of token ids; nil is empty.
+type tokenSet map[uint32]struct{}
+
+func newTokenSet(ids []uint32) tokenSet {
+	if len(ids) == 0 {
+		return nil
+	}
+	s := make(tokenSet, len(ids))
+	for _, id := range ids {
+		s[id] = struct{}{}
+	}
+	return s
+}
+
+func (s tokenSet) has(id uint32) bool {
+	_, ok := s[id]
+	return ok
+}
+
 // NewRequest is what a caller hands the scheduler.
 type NewRequest struct {
 	ID     string
@@ -63,6 +87,9 @@ type Request struct {
 	arrival  time.Time
 	// promptHash keys the executor's deterministic sampling.
 	promptHash uint64
+	// stops is sampling.StopTokenIDs as a set: it is checked for every
+	// token sampled, inside the step every request of the rank waits on.
+	stops tokenSet
 	// numComputed counts leading tokens whose KV is computed.
 	numComputed int
 	blocks      []int32

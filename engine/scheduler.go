@@ -11,6 +11,10 @@ var (
 	ErrEmptyPrompt = errors.New("engine: the prompt has no tokens")
 	ErrTooLong     = errors.New("engine: the request does not fit in the model's context length")
 	ErrDuplicateID = errors.New("engine: a request with this id is already in the engine")
+	// ErrBadToken: a token id outside the model's vocabulary, which
+	// llama.cpp would fail the whole step on.
+	ErrBadToken     = errors.New("engine: a token id is outside the model's vocabulary")
+	ErrTooManyStops = errors.New("engine: too many stop token ids")
 )
 
 // SchedulerConfig sizes one engine's batching and KV cache.
@@ -34,6 +38,8 @@ type SchedulerConfig struct {
 	// model's whole set of end-of-generation tokens (Llama 3 ends a turn
 	// with <|eot_id|> and a text with <|end_of_text|>).
 	EOSTokenIDs []uint32
+	// VocabSize, when not 0, bounds every token id a request may carry.
+	VocabSize int
 	// SequenceSlots, when not 0, places KV by sequence as well as by block,
 	// for an executor that keeps KV per sequence (llama.cpp): every
 	// running request holds one of this many sequence ids, and so does
@@ -94,6 +100,9 @@ func (c SchedulerConfig) WithLimits(l Limits) (SchedulerConfig, error) {
 	if len(l.EOSTokenIDs) > 0 {
 		c.EOSTokenIDs = slices.Clone(l.EOSTokenIDs)
 	}
+	if l.VocabSize > 0 {
+		c.VocabSize = l.VocabSize
+	}
 	if c.SequenceSlots > 0 && c.MaxNumSeqs > c.SequenceSlots {
 		c.MaxNumSeqs = c.SequenceSlots
 	}
@@ -138,6 +147,8 @@ type Scheduler struct {
 	cfg      SchedulerConfig
 	kv       *kvCache
 	requests map[string]*Request
+	// eos is cfg.EOSTokenIDs as a set.
+	eos tokenSet
 	// waiting is in admission order; preempted requests go back to its
 	// front. running is in the order requests were admitted, so the last
 	// is the first preempted.
@@ -156,6 +167,7 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 	}
 	return &Scheduler{
 		cfg:      cfg,
+		eos:      newTokenSet(cfg.EOSTokenIDs),
 		kv:       newKVCache(cfg.NumBlocks, cfg.BlockSize, cfg.EnablePrefixCaching, cfg.SequenceSlots),
 		requests: make(map[string]*Request),
 	}, nil
@@ -176,6 +188,15 @@ func (s *Scheduler) Add(nr NewRequest) error {
 		return fmt.Errorf("%w: %d tokens of prompt and output so far, context length %d", ErrTooLong, total, s.cfg.MaxModelLen)
 	case nr.Sampling.MaxTokens > 0 && len(nr.Output) >= nr.Sampling.MaxTokens:
 		return fmt.Errorf("engine: request %q already has its %d tokens", nr.ID, nr.Sampling.MaxTokens)
+	case len(nr.Sampling.StopTokenIDs) > MaxStopTokenIDs:
+		return fmt.Errorf("%w: %d stop token ids, at most %d", ErrTooManyStops, len(nr.Sampling.StopTokenIDs), MaxStopTokenIDs)
+	}
+	if v := s.cfg.VocabSize; v > 0 {
+		for _, ids := range [][]uint32{nr.Prompt, nr.Output, nr.Sampling.StopTokenIDs} {
+			if i := slices.IndexFunc(ids, func(id uint32) bool { return id >= uint32(v) }); i >= 0 {
+				return fmt.Errorf("%w: %d, vocabulary size %d", ErrBadToken, ids[i], v)
+			}
+		}
 	}
 	req := &Request{
 		id:         nr.ID,
@@ -186,6 +207,7 @@ func (s *Scheduler) Add(nr NewRequest) error {
 		attempt:    nr.Attempt,
 		arrival:    nr.Arrival,
 		promptHash: PromptHash(nr.Prompt, nr.Sampling.Seed),
+		stops:      newTokenSet(nr.Sampling.StopTokenIDs),
 		seq:        noSeq,
 	}
 	s.requests[req.id] = req
@@ -420,10 +442,10 @@ func (s *Scheduler) checkStop(req *Request, tok uint32) FinishReason {
 	n := len(req.output)
 	sp := &req.sampling
 	if n >= sp.MinTokens {
-		if !sp.IgnoreEOS && slices.Contains(s.cfg.EOSTokenIDs, tok) {
+		if !sp.IgnoreEOS && s.eos.has(tok) {
 			return FinishedStop
 		}
-		if slices.Contains(sp.StopTokenIDs, tok) {
+		if req.stops.has(tok) {
 			return FinishedStop
 		}
 	}

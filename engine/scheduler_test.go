@@ -308,6 +308,7 @@ func TestStopConditions(t *testing.T) {
 		{"min tokens defer eos", SamplingParams{MaxTokens: 10, MinTokens: 6}, 3, 10, FinishedLength},
 		{"ignore eos", SamplingParams{MaxTokens: 7, IgnoreEOS: true}, 3, 7, FinishedLength},
 		{"stop token", SamplingParams{MaxTokens: 10, StopTokenIDs: []uint32{testToken(PromptHash(prompt(4, 5), nil), 1)}}, -1, 2, FinishedStop},
+		{"stop token among the most allowed", SamplingParams{MaxTokens: 10, StopTokenIDs: append(prompt(1<<20, MaxStopTokenIDs-1), testToken(PromptHash(prompt(4, 5), nil), 1))}, -1, 2, FinishedStop},
 		{"context length", SamplingParams{}, -1, 128 - 5, FinishedLength},
 	}
 	for _, tc := range cases {
@@ -343,7 +344,9 @@ func TestMigratedRequestContinuesAfterItsTokens(t *testing.T) {
 }
 
 func TestAddRefusesWhatCannotBeServed(t *testing.T) {
-	s := newTestScheduler(t, testConfig())
+	cfg := testConfig()
+	cfg.VocabSize = 1 << 16
+	s := newTestScheduler(t, cfg)
 	if err := s.Add(NewRequest{ID: "dup", Prompt: prompt(1, 4)}); err != nil {
 		t.Fatal(err)
 	}
@@ -354,6 +357,10 @@ func TestAddRefusesWhatCannotBeServed(t *testing.T) {
 		{NewRequest{ID: "empty"}, ErrEmptyPrompt},
 		{NewRequest{ID: "dup", Prompt: prompt(1, 4)}, ErrDuplicateID},
 		{NewRequest{ID: "long", Prompt: prompt(1, 128)}, ErrTooLong},
+		{NewRequest{ID: "stops", Prompt: prompt(1, 4), Sampling: SamplingParams{StopTokenIDs: prompt(1, MaxStopTokenIDs+1)}}, ErrTooManyStops},
+		{NewRequest{ID: "vocab", Prompt: []uint32{1, 2, 1 << 16}}, ErrBadToken},
+		{NewRequest{ID: "vocab-out", Prompt: prompt(1, 4), Output: []uint32{1<<16 + 5}}, ErrBadToken},
+		{NewRequest{ID: "vocab-stop", Prompt: prompt(1, 4), Sampling: SamplingParams{StopTokenIDs: []uint32{1 << 20}}}, ErrBadToken},
 	}
 	for _, tc := range cases {
 		if err := s.Add(tc.req); !errors.Is(err, tc.want) {
@@ -496,5 +503,22 @@ func TestPrefixHashesAreTheCachesNames(t *testing.T) {
 	r.extendHashes(16, 5)
 	if got := PrefixHashes(prompt, 16); !slices.Equal(got, r.blockHashes) {
 		t.Fatalf("PrefixHashes = %v, the engine's = %v", got, r.blockHashes)
+	}
+}
+
+// BenchmarkStopCheck is the per-token cost of a request's stop token ids,
+// with none and with the most allowed: the same, since they are a set.
+func BenchmarkStopCheck(b *testing.B) {
+	for _, n := range []int{0, 1, MaxStopTokenIDs} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			s := newTestScheduler(b, testConfig())
+			req := &Request{sampling: SamplingParams{StopTokenIDs: prompt(1<<20, n)}}
+			req.stops = newTokenSet(req.sampling.StopTokenIDs)
+			for i := 0; b.Loop(); i++ {
+				if s.checkStop(req, uint32(i)|1<<31) != NotFinished {
+					b.Fatal("stopped")
+				}
+			}
+		})
 	}
 }

@@ -13,3 +13,16 @@ type Tokenizer interface {
 	// inside a UTF-8 character that the next piece completes.
 	Decode(ids []uint32) string
 }
+
+// Vocabulary is what a Tokenizer may tell of its model's vocabulary, so
+// that a request can be checked before any work is done for it.
+//
+// Concurrency: safe for concurrent use.
+type Vocabulary interface {
+	// VocabSize bounds every token id of the model.
+	VocabSize() int
+	// MaxTokenBytes is the most bytes of text one token stands for, so
+	// that a text of n bytes has at least n/MaxTokenBytes tokens; 0 when
+	// there is no such bound.
+	MaxTokenBytes() int
+}

@@ -51,7 +51,7 @@ func startServer(t testing.TB, timeScale float64, mutate ...func(*cluster.Option
 	o.Host, o.Port = "127.0.0.1", 0
 	o.Bind, o.RPCPort = "127.0.0.1:0", 0
 	o.SimTimeScale = timeScale
-	o.APIKey = apiKey
+	o.APIKeys = []string{apiKey}
 	o.Profiles = dpnode.SimProfiles
 	o.DrainTimeout = 10 * time.Second
 	o.Logger = slog.New(slog.DiscardHandler)

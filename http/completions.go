@@ -21,6 +21,27 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	case req.Suffix != nil && *req.Suffix != "":
 		writeError(w, badRequest("suffix is not supported by this server", "suffix"))
 		return
+	case len(req.Prompt.texts)+len(req.Prompt.tokens) > maxChoices:
+		writeError(w, limitError("prompt", len(req.Prompt.texts)+len(req.Prompt.tokens), maxChoices, "prompts"))
+		return
+	}
+	// Everything that is cheap to check is, before the tokenizer, which
+	// every call shares, does any work.
+	if e := checkLists(&req.commonParams); e != nil {
+		writeError(w, e)
+		return
+	}
+	for _, text := range req.Prompt.texts {
+		if e := s.checkTextLength(len(text), "prompt"); e != nil {
+			writeError(w, e)
+			return
+		}
+	}
+	for _, ids := range req.Prompt.tokens {
+		if e := s.checkTokenIDs(ids, "prompt"); e != nil {
+			writeError(w, e)
+			return
+		}
 	}
 	var prompts []promptInput
 	for _, text := range req.Prompt.texts {
@@ -58,6 +79,21 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	case req.Logprobs:
 		writeError(w, badRequest("logprobs are not supported by this server", "logprobs"))
 		return
+	case len(req.Messages) > maxMessages:
+		writeError(w, limitError("messages", len(req.Messages), maxMessages, "messages"))
+		return
+	}
+	if e := checkLists(&req.commonParams); e != nil {
+		writeError(w, e)
+		return
+	}
+	content := 0
+	for _, m := range req.Messages {
+		content += len(m.Content.text)
+	}
+	if e := s.checkTextLength(content, "messages"); e != nil {
+		writeError(w, e)
+		return
 	}
 	for i, m := range req.Messages {
 		if !chatRoles[m.Role] {
@@ -76,6 +112,10 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	text, err := s.cfg.ChatTemplate.Render(msgs)
 	if err != nil {
 		writeError(w, badRequest(err.Error(), "messages"))
+		return
+	}
+	if e := s.checkTextLength(len(text), "messages"); e != nil {
+		writeError(w, e)
 		return
 	}
 	// The template writes the model's special tokens itself.

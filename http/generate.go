@@ -16,9 +16,6 @@ import (
 	"github.com/dpnode/dpnode/engine"
 )
 
-// maxChoices bounds n times the number of prompts of one call.
-const maxChoices = 128
-
 type promptInput struct {
 	text   string
 	tokens []uint32
@@ -75,10 +72,11 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 	case p.StreamOptions != nil && !p.Stream:
 		return nil, badRequest("stream_options can only be set when stream is true", "stream_options")
 	}
-	for _, stop := range p.Stop {
-		if stop == "" {
-			return nil, badRequest("stop strings must not be empty", "stop")
-		}
+	if e := checkLists(p); e != nil {
+		return nil, e
+	}
+	if e := s.checkTokenIDs(p.StopTokenIDs, "stop_token_ids"); e != nil {
+		return nil, e
 	}
 	g.includeUsage = p.StreamOptions != nil && p.StreamOptions.IncludeUsage
 	rank, e := s.pinnedRank(r)
@@ -238,8 +236,13 @@ func eventError(err error) *apiError {
 
 // generate submits a call's requests and answers from their stream.
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
-	stream := actors.NewStream()
 	choices := make([]*choice, len(g.prompts)*g.n)
+	if !s.admit(len(choices)) {
+		s.overloaded(w)
+		return
+	}
+	defer s.release(len(choices))
+	stream := actors.NewStream()
 	arrival := time.Now()
 	for i := range choices {
 		pi := i / g.n

@@ -60,24 +60,33 @@ func TestHealthStates(t *testing.T) {
 	}
 }
 
-func TestAdminDrainNeedsAKeyOrALocalCaller(t *testing.T) {
+func TestAdminDrainNeedsAnAdminKeyOrALocalCaller(t *testing.T) {
 	drained := 0
-	newServer := func(key string) *Server {
+	newServer := func(apiKey, adminKey string) *Server {
+		var api, admin *Keys
+		if apiKey != "" {
+			api, _ = NewKeys([]string{apiKey}, "")
+		}
+		if adminKey != "" {
+			admin, _ = NewKeys([]string{adminKey}, "")
+		}
 		s, err := New(Config{Backend: viewBackend{&actors.ClusterView{}}, Tokenizer: sim.NewTokenizer(0), MaxModelLen: 100,
-			Gatherer: prometheus.NewRegistry(), APIKey: key, OnDrain: func() { drained++ }})
+			Gatherer: prometheus.NewRegistry(), APIKeys: api, AdminKeys: admin, OnDrain: func() { drained++ }})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return s
 	}
 	cases := []struct {
-		name, key, remote, auth string
-		code                    int
+		name, apiKey, adminKey, remote, auth string
+		code                                 int
 	}{
-		{"no key, remote caller", "", "10.1.2.3:5000", "", http.StatusForbidden},
-		{"no key, local caller", "", "127.0.0.1:5000", "", http.StatusAccepted},
-		{"key, no token", "k", "127.0.0.1:5000", "", http.StatusUnauthorized},
-		{"key, remote caller with the token", "k", "10.1.2.3:5000", "Bearer k", http.StatusAccepted},
+		{"no key, remote caller", "", "", "10.1.2.3:5000", "", http.StatusForbidden},
+		{"no key, local caller", "", "", "127.0.0.1:5000", "", http.StatusAccepted},
+		{"API key only, remote caller with the API key", "k", "", "10.1.2.3:5000", "Bearer k", http.StatusForbidden},
+		{"admin key, no token", "k", "a", "127.0.0.1:5000", "", http.StatusUnauthorized},
+		{"admin key, a client's API key", "k", "a", "10.1.2.3:5000", "Bearer k", http.StatusUnauthorized},
+		{"admin key, remote caller with it", "k", "a", "10.1.2.3:5000", "Bearer a", http.StatusAccepted},
 	}
 	for _, tc := range cases {
 		before := drained
@@ -87,13 +96,13 @@ func TestAdminDrainNeedsAKeyOrALocalCaller(t *testing.T) {
 			req.Header.Set("Authorization", tc.auth)
 		}
 		rec := httptest.NewRecorder()
-		newServer(tc.key).Handler().ServeHTTP(rec, req)
+		newServer(tc.apiKey, tc.adminKey).Handler().ServeHTTP(rec, req)
 		if rec.Code != tc.code || (drained > before) != (tc.code == http.StatusAccepted) {
 			t.Errorf("%s: %d, drain started %v; want %d", tc.name, rec.Code, drained > before, tc.code)
 		}
 	}
 	// While draining, new work is refused and /health says so.
-	s := newServer("")
+	s := newServer("", "")
 	s.SetDraining()
 	rec := httptest.NewRecorder()
 	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"x"}`)))

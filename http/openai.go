@@ -111,24 +111,26 @@ type streamOptions struct {
 }
 
 // commonParams are the sampling fields both endpoints take. Fields that
-// the engine does not act on (penalties, logit_bias, user) are accepted
-// and ignored, as clients send them by default.
+// do not change what is generated (user) or that clients send at their
+// neutral values by default (penalties) are accepted and ignored;
+// logit_bias is read to be refused when set.
 type commonParams struct {
-	Model               string         `json:"model"`
-	MaxTokens           *int           `json:"max_tokens"`
-	MaxCompletionTokens *int           `json:"max_completion_tokens"`
-	MinTokens           int            `json:"min_tokens"`
-	Temperature         *float64       `json:"temperature"`
-	TopP                *float64       `json:"top_p"`
-	TopK                *int           `json:"top_k"`
-	N                   *int           `json:"n"`
-	Stream              bool           `json:"stream"`
-	StreamOptions       *streamOptions `json:"stream_options"`
-	Stop                stopField      `json:"stop"`
-	StopTokenIDs        []uint32       `json:"stop_token_ids"`
-	IncludeStopStr      bool           `json:"include_stop_str_in_output"`
-	Seed                *int64         `json:"seed"`
-	IgnoreEOS           bool           `json:"ignore_eos"`
+	Model               string             `json:"model"`
+	MaxTokens           *int               `json:"max_tokens"`
+	MaxCompletionTokens *int               `json:"max_completion_tokens"`
+	MinTokens           int                `json:"min_tokens"`
+	Temperature         *float64           `json:"temperature"`
+	TopP                *float64           `json:"top_p"`
+	TopK                *int               `json:"top_k"`
+	N                   *int               `json:"n"`
+	Stream              bool               `json:"stream"`
+	StreamOptions       *streamOptions     `json:"stream_options"`
+	Stop                stopField          `json:"stop"`
+	StopTokenIDs        []uint32           `json:"stop_token_ids"`
+	IncludeStopStr      bool               `json:"include_stop_str_in_output"`
+	Seed                *int64             `json:"seed"`
+	IgnoreEOS           bool               `json:"ignore_eos"`
+	LogitBias           map[string]float64 `json:"logit_bias"`
 	// ReturnTokenIDs adds the prompt's and the completion's token ids to
 	// the response, as vLLM's return_token_ids does.
 	ReturnTokenIDs bool `json:"return_token_ids"`

@@ -2,10 +2,10 @@ package httpapi
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -48,8 +48,18 @@ type Config struct {
 	// MaxModelLen bounds prompt plus output, as the engines do; requests
 	// beyond it are refused before they reach an engine.
 	MaxModelLen int
-	// APIKey, when set, is required as a bearer token on /v1 routes.
-	APIKey string
+	// APIKeys, when not nil, are required as a bearer token on /v1 routes.
+	APIKeys *Keys
+	// AdminKeys, when not nil, are required on /admin routes; without
+	// them, those answer only to callers on this machine (loopback). The
+	// API keys never open them: a client of the API cannot drain a node.
+	AdminKeys *Keys
+	// MaxRequests bounds the requests (choices) in flight through this
+	// server; past it new calls get 503 with Retry-After instead of
+	// queueing without bound. 0 means no bound.
+	MaxRequests int
+	// Registerer receives the server's own metrics.
+	Registerer prometheus.Registerer
 	// MaxBodyBytes bounds a request body. 16 MiB holds a prompt of the
 	// longest context lengths served today with room to spare.
 	MaxBodyBytes int64
@@ -73,6 +83,9 @@ type Server struct {
 	created  int64
 	router   chi.Router
 	draining atomic.Bool
+	// inFlight counts the requests admitted and not yet finished.
+	inFlight atomic.Int64
+	rejected *prometheus.CounterVec
 }
 
 // SetDraining makes the server refuse new requests (503) and report
@@ -90,6 +103,8 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("httpapi: max model length %d is too small", cfg.MaxModelLen)
 	case cfg.Gatherer == nil:
 		return nil, errors.New("httpapi: a metrics gatherer is required")
+	case cfg.MaxRequests < 0:
+		return nil, fmt.Errorf("httpapi: the most requests in flight must not be negative, got %d", cfg.MaxRequests)
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
@@ -98,6 +113,15 @@ func New(cfg Config) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, created: time.Now().Unix()}
+	s.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dpnode_http_requests_rejected_total",
+		Help: "Calls refused before any work was done for them: overloaded (503, past --max-pending-requests) or draining (503).",
+	}, []string{"reason"})
+	if cfg.Registerer != nil && !cfg.MetricsOnly {
+		if err := cfg.Registerer.Register(s.rejected); err != nil {
+			return nil, fmt.Errorf("httpapi: registering metrics: %w", err)
+		}
+	}
 	r := chi.NewRouter()
 	r.Use(s.recoverer)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
@@ -119,8 +143,8 @@ func New(cfg Config) (*Server, error) {
 		r.Use(s.authenticate)
 		r.Get("/v1/models", s.models)
 		r.Get("/v1/cluster", s.cluster)
-		r.With(s.refuseWhileDraining).Post("/v1/completions", s.completions)
-		r.With(s.refuseWhileDraining).Post("/v1/chat/completions", s.chatCompletions)
+		r.With(s.refuseWhileDraining, s.shedLoad).Post("/v1/completions", s.completions)
+		r.With(s.refuseWhileDraining, s.shedLoad).Post("/v1/chat/completions", s.chatCompletions)
 	})
 	r.With(s.adminOnly).Post("/admin/drain", s.drain)
 	s.router = r
@@ -148,12 +172,16 @@ func (s *Server) recoverer(next http.Handler) http.Handler {
 }
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
-	if s.cfg.APIKey == "" {
+	return requireKey(s.cfg.APIKeys, next)
+}
+
+// requireKey admits the holders of keys; nil keys admit everyone.
+func requireKey(keys *Keys, next http.Handler) http.Handler {
+	if keys == nil {
 		return next
 	}
-	want := []byte("Bearer " + s.cfg.APIKey)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+		if !keys.Allow(r.Header.Get("Authorization")) {
 			writeError(w, &apiError{Status: http.StatusUnauthorized, Message: "invalid API key: send it as 'Authorization: Bearer <key>'",
 				Type: "authentication_error", Code: strp("invalid_api_key")})
 			return
@@ -165,6 +193,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 func (s *Server) refuseWhileDraining(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.draining.Load() {
+			s.rejected.WithLabelValues("draining").Inc()
 			w.Header().Set("Retry-After", "1")
 			writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: strp("draining"),
 				Message: "this node is draining: it finishes the requests it has and takes no new ones; send this one to another node"})
@@ -174,19 +203,18 @@ func (s *Server) refuseWhileDraining(next http.Handler) http.Handler {
 	})
 }
 
-// adminOnly admits the API key's holder; with no API key set, only local
-// callers (loopback), since an admin route must never be open to all.
+// adminOnly admits the admin keys' holders; with no admin key set, only
+// callers on this machine (loopback), since an admin route must never be
+// open to all, nor to every client of the API.
 func (s *Server) adminOnly(next http.Handler) http.Handler {
-	keyed := s.authenticate(next)
+	if s.cfg.AdminKeys != nil {
+		return requireKey(s.cfg.AdminKeys, next)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.APIKey != "" {
-			keyed.ServeHTTP(w, r)
-			return
-		}
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
 		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
 			writeError(w, &apiError{Status: http.StatusForbidden, Type: "permission_error",
-				Message: "admin routes need --api-key, or a caller on this machine"})
+				Message: "admin routes need --admin-api-key, or a caller on this machine"})
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -207,6 +235,13 @@ func (s *Server) drain(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError {
 	r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 	err := json.NewDecoder(r.Body).Decode(v)
+	if err == nil {
+		// The whole body, while the server's read timeout holds: a client
+		// that declared more than it sends must not hold the connection.
+		// At the body's end net/http lifts the read deadline, so what
+		// follows (a generation, streamed) may take as long as it takes.
+		_, err = io.Copy(io.Discard, r.Body)
+	}
 	var tooBig *http.MaxBytesError
 	var typeErr *json.UnmarshalTypeError
 	switch {

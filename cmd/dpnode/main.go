@@ -109,6 +109,15 @@ writes the same file.`,
 	return cmd
 }
 
+// envList is an environment variable as a flag's default list: empty
+// when unset.
+func envList(name string) []string {
+	if v := os.Getenv(name); v != "" {
+		return []string{v}
+	}
+	return nil
+}
+
 func newJoinCommand() *cobra.Command {
 	o := cluster.DefaultOptions()
 	var logLevel string
@@ -169,7 +178,10 @@ calibrated simulated executor.`,
 	f.StringVar(&o.SimProfile, "sim-profile", o.SimProfile, "simulated GPU+model profile: a built-in name or a path to a profile .json")
 	f.Float64Var(&o.SimTimeScale, "sim-time-scale", o.SimTimeScale, "multiply simulated step times by this (0 runs steps at no cost)")
 	f.IntVar(&o.GPUs, "gpus", o.GPUs, "virtual GPUs to use where NVML finds no driver")
-	f.StringVar(&o.APIKey, "api-key", os.Getenv("DPNODE_API_KEY"), "require this bearer token on /v1 routes (default: $DPNODE_API_KEY)")
+	f.StringArrayVar(&o.APIKeys, "api-key", envList("DPNODE_API_KEY"), "require this bearer token on /v1 routes; repeat it to accept several (default: $DPNODE_API_KEY)")
+	f.StringVar(&o.APIKeyFile, "api-key-file", "", "file of API keys, one a line, also accepted; read again when it changes, so keys rotate without a restart")
+	f.StringArrayVar(&o.AdminAPIKeys, "admin-api-key", envList("DPNODE_ADMIN_API_KEY"), "bearer token of the /admin routes (default: $DPNODE_ADMIN_API_KEY; without one they answer only to this machine)")
+	f.IntVar(&o.MaxPendingRequests, "max-pending-requests", o.MaxPendingRequests, "requests an API server holds beyond what its ranks run at once (ranks x --max-num-seqs); past it, 503 with Retry-After (-1: as many as the ranks run)")
 	f.IntVar(&o.MaxNumSeqs, "max-num-seqs", 0, "most sequences in one engine step (default: the profile's, 256)")
 	f.IntVar(&o.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "token budget of one engine step (default: the profile's, 8192)")
 	f.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length, prompt plus output (default: the profile's)")

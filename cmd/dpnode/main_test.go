@@ -164,13 +164,16 @@ func post(t *testing.T, url, key, body string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// TestAdminDrain drains over HTTP: the caller needs the API key; then new
-// requests get 503, the stream in flight finishes, and the process exits 0.
+// TestAdminDrain drains over HTTP: the caller needs the admin key, which
+// a client's API key is not; then new requests get 503, the stream in
+// flight finishes, and the process exits 0.
 func TestAdminDrain(t *testing.T) {
 	bin := buildDpnode(t)
-	base, cmd := startNode(t, bin, "--api-key", "secret", "--sim-time-scale", "1")
-	if code, body := post(t, base+"/admin/drain", "wrong", ""); code != http.StatusUnauthorized {
-		t.Fatalf("drain with a wrong key: %d %s", code, body)
+	base, cmd := startNode(t, bin, "--api-key", "secret", "--admin-api-key", "admin-secret", "--sim-time-scale", "1")
+	for _, key := range []string{"wrong", "secret"} {
+		if code, body := post(t, base+"/admin/drain", key, ""); code != http.StatusUnauthorized {
+			t.Fatalf("drain with the key %q: %d %s", key, code, body)
+		}
 	}
 	req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions",
 		strings.NewReader(`{"prompt":"finish me","max_tokens":40,"ignore_eos":true,"stream":true}`))
@@ -184,7 +187,7 @@ func TestAdminDrain(t *testing.T) {
 	if _, err := body.ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
-	if code, out := post(t, base+"/admin/drain", "secret", ""); code != http.StatusAccepted {
+	if code, out := post(t, base+"/admin/drain", "admin-secret", ""); code != http.StatusAccepted {
 		t.Fatalf("drain: %d %s", code, out)
 	}
 	code, out := post(t, base+"/v1/completions", "secret", `{"prompt":"too late","max_tokens":1}`)

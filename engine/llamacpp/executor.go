@@ -83,6 +83,7 @@ func NewExecutor(ctx context.Context, cfg ExecutorConfig) (*Executor, error) {
 		MaxModelLen:    int(ready.ContextLength),
 		MaxBatchTokens: int(ready.MaxBatchTokens),
 		EOSTokenIDs:    ready.EogTokenIds,
+		VocabSize:      int(ready.VocabSize),
 	}}
 	if need := (sc.MaxModelLen + sc.BlockSize - 1) / sc.BlockSize; e.limits.NumBlocks < need {
 		w.Close()

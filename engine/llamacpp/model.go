@@ -24,6 +24,9 @@ type ModelInfo struct {
 	BOSToken, EOSToken string
 	// Bytes is the file's size, about what its weights take in memory.
 	Bytes int64
+	// MaxTokenBytes bounds the text one token stands for (see
+	// engine.Vocabulary).
+	MaxTokenBytes int
 	// F32 is set for a model whose weights are all F32 (general.file_type
 	// 0): its KV cache is F32 too, as vLLM's follows the model's dtype.
 	F32 bool
@@ -61,6 +64,7 @@ func InspectModel(path string) (*ModelInfo, error) {
 		return nil, fmt.Errorf("the model file %s has no tokenizer (tokenizer.ggml.tokens)", path)
 	}
 	info.VocabSize = len(tokens.Values)
+	info.MaxTokenBytes = maxTokenBytes(tokens)
 	if len(g.Tensors) == 0 {
 		return nil, fmt.Errorf("the model file %s has no weights: it holds a tokenizer only", path)
 	}
@@ -79,4 +83,19 @@ func InspectModel(path string) (*ModelInfo, error) {
 	info.BOSToken = text("tokenizer.ggml.bos_token_id")
 	info.EOSToken = text("tokenizer.ggml.eos_token_id")
 	return info, nil
+}
+
+// maxTokenBytes is the longest token text of a GGUF vocabulary. A token's
+// text there is at least as long as the bytes it stands for: byte-level
+// BPE writes each byte as a character of one or two bytes, SentencePiece
+// writes a space as three, a byte token <0x41> is six characters for
+// one byte, and a special token is its text.
+func maxTokenBytes(tokens *gguf.Array) int {
+	n := 0
+	for _, v := range tokens.Values {
+		if s, ok := v.(string); ok {
+			n = max(n, len(s))
+		}
+	}
+	return n
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/dpnode/dpnode/engine/gguf"
 	"sync"
 	"time"
 
@@ -21,13 +22,19 @@ type Tokenizer struct {
 	// Timeout bounds one tokenization, the worker's start included.
 	timeout time.Duration
 
+	// maxTokenBytes is the vocabulary's longest token text.
+	maxTokenBytes int
+
 	mu     sync.Mutex
 	w      *Worker
 	ready  *dpnodev1.ModelReady
 	pieces []string
 }
 
-var _ engine.Tokenizer = (*Tokenizer)(nil)
+var (
+	_ engine.Tokenizer  = (*Tokenizer)(nil)
+	_ engine.Vocabulary = (*Tokenizer)(nil)
+)
 
 // ErrTokenizerDown is returned while the tokenizer's worker cannot be
 // started.
@@ -37,6 +44,13 @@ var ErrTokenizerDown = errors.New("llamacpp: the tokenizer is unavailable")
 // pieces.
 func NewTokenizer(ctx context.Context, cfg WorkerConfig, model string) (*Tokenizer, error) {
 	t := &Tokenizer{cfg: cfg, model: model, timeout: 30 * time.Second}
+	// The file's own vocabulary bounds a token's text; a file this
+	// process cannot read is the worker's to report.
+	if g, err := gguf.ReadFile(model); err == nil {
+		if tokens, ok := g.Array("tokenizer.ggml.tokens"); ok {
+			t.maxTokenBytes = maxTokenBytes(tokens)
+		}
+	}
 	if _, err := t.worker(ctx); err != nil {
 		return nil, err
 	}
@@ -149,12 +163,16 @@ func (t *Tokenizer) Decode(ids []uint32) string {
 	return string(b)
 }
 
-// VocabSize is the number of tokens.
+// VocabSize implements engine.Vocabulary: the number of tokens.
 func (t *Tokenizer) VocabSize() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.pieces)
 }
+
+// MaxTokenBytes implements engine.Vocabulary: the longest token text of
+// the model file's vocabulary, special tokens included.
+func (t *Tokenizer) MaxTokenBytes() int { return t.maxTokenBytes }
 
 // Close stops the worker.
 func (t *Tokenizer) Close() error {

@@ -74,7 +74,10 @@ type Tokenizer struct {
 	vocabSize uint32
 }
 
-var _ engine.Tokenizer = (*Tokenizer)(nil)
+var (
+	_ engine.Tokenizer  = (*Tokenizer)(nil)
+	_ engine.Vocabulary = (*Tokenizer)(nil)
+)
 
 // maxPieceRunes splits long words the way BPE does, so token counts track
 // those of real tokenizers (about four characters a token on English).
@@ -109,6 +112,13 @@ func NewTokenizer(vocabSize uint32) *Tokenizer {
 	}
 	return t
 }
+
+// VocabSize implements engine.Vocabulary.
+func (t *Tokenizer) VocabSize() int { return int(t.vocabSize) }
+
+// MaxTokenBytes implements engine.Vocabulary: none, since a run of one
+// whitespace character is one piece however long.
+func (t *Tokenizer) MaxTokenBytes() int { return 0 }
 
 // numWords is how many ids decode to words.
 func (t *Tokenizer) numWords() int { return len(vocabulary) }

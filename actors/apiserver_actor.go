@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -22,6 +23,7 @@ var (
 	ErrTooManyRestarts = errors.New("actors: the request's engines crashed too often")
 	ErrEngineLost      = errors.New("actors: the engine serving the request was lost mid-stream, and request migration is off")
 	ErrRankFailed      = errors.New("actors: the requested rank failed: its engine crashed too often and was stopped")
+	ErrRankLost        = errors.New("actors: the requested rank is gone: the cluster declared its node dead")
 	ErrDrained         = errors.New("actors: the node drained before the request finished; send it again to another node")
 )
 
@@ -162,10 +164,16 @@ type call struct {
 	cached, prefill int
 }
 
-// NewAPIServerProducer returns the producer of an APIServerActor.
+// NewAPIServerProducer returns the producer of an APIServerActor. The
+// calls in flight belong to the producer, not to one incarnation: when the
+// actor crashes, its supervisor restarts it with the same producer, and
+// the new incarnation finds the calls and carries them on (a request's
+// state must not be lost with the actor that routes it). Incarnations
+// never run at once, so the map needs no lock.
 func NewAPIServerProducer(cfg APIServerConfig) actor.Producer {
+	calls := make(map[string]*call)
 	return func() actor.Actor {
-		return &APIServerActor{cfg: cfg, calls: make(map[string]*call), byRank: make(map[int]*rankState),
+		return &APIServerActor{cfg: cfg, calls: calls, byRank: make(map[int]*rankState),
 			hosts: make(map[string]*actor.PID), retry: make(map[string]*actor.PID)}
 	}
 }
@@ -178,9 +186,13 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *actor.Started:
 		a.start(ctx)
-	case *actor.Stopping, *actor.Restarting:
+	case *actor.Stopping:
 		a.stopping = true
 		a.stop()
+	case *actor.Restarting:
+		// A crash: the next incarnation takes the calls over.
+		a.stopping = true
+		a.detach(ctx)
 	case *Submission:
 		if _, dup := a.calls[msg.ID]; dup {
 			msg.Stream.push(Event{Index: msg.Index, Finish: engine.FinishedError, Err: fmt.Errorf("actors: request id %q is already in flight", msg.ID)})
@@ -237,8 +249,19 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 	case *nodeUp:
 		a.nodeUp(ctx, msg)
 	case *nodeDown:
+		// Gossip declared the node dead or gone: unlike a broken
+		// connection, its ranks will not come back until a node that
+		// hosts them joins, and requests pinned to them fail now.
 		a.nodeGone(ctx, msg.name)
 		delete(a.retry, msg.name)
+		// Its ranks left balancing when it left, or earlier, when its
+		// connection broke.
+		for _, r := range a.ranks {
+			if !r.local && r.node == msg.name {
+				r.lost = true
+				a.failPinned(r)
+			}
+		}
 	case *retryHosts:
 		a.retryHosts(ctx)
 	case *reconcile:
@@ -260,9 +283,32 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 }
 
 // stop ends every call: the streams' readers must not wait for an actor
-// that is gone. On a restart the engines are stopped with it and come
-// back fresh.
+// that is gone.
 func (a *APIServerActor) stop() {
+	a.stopTimers()
+	for id, c := range a.calls {
+		c.sub.Stream.push(Event{Index: c.sub.Index, Finish: engine.FinishedError, Err: ErrAPIServerGone})
+		delete(a.calls, id)
+	}
+}
+
+// detach readies the calls for the next incarnation of a crashed API
+// server. The calls map outlives the actor (see NewAPIServerProducer); the
+// ranks do not: the local engines stop with their supervisor and come
+// back fresh, so each call is taken off its rank, and aborted there if
+// the rank is another node's, whose engine lives on. The next
+// incarnation sends them again (see resume).
+func (a *APIServerActor) detach(ctx actor.Context) {
+	a.stopTimers()
+	for _, c := range a.calls {
+		if r := c.rank; r != nil && !r.local {
+			ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: []string{c.sub.ID}})
+		}
+		c.rank, c.prefill = nil, 0
+	}
+}
+
+func (a *APIServerActor) stopTimers() {
 	for _, r := range a.ranks {
 		if r.timer != nil {
 			r.timer.Stop()
@@ -283,12 +329,35 @@ func (a *APIServerActor) stop() {
 	if a.reconcileTimer != nil {
 		a.reconcileTimer.Stop()
 	}
-	for id, c := range a.calls {
-		c.sub.Stream.push(Event{Index: c.sub.Index, Finish: engine.FinishedError, Err: ErrAPIServerGone})
-		delete(a.calls, id)
-	}
 	a.parked = nil
 	a.cfg.Metrics.parked.Set(0)
+}
+
+// resume takes over the calls of a crashed incarnation: each moves, as
+// off a lost engine, and waits for a rank. Their streams go on: a client
+// sees at most a pause, and the tokens continue where they were.
+func (a *APIServerActor) resume(ctx actor.Context) {
+	if len(a.calls) == 0 {
+		return
+	}
+	calls := slices.SortedFunc(maps.Values(a.calls), func(x, y *call) int { return x.sub.Arrival.Compare(y.sub.Arrival) })
+	resumed := 0
+	for _, c := range calls {
+		c.moves++
+		c.parkedAt = time.Time{}
+		switch {
+		case c.moves > a.cfg.MaxMigrations:
+			// A request that crashes the API server each time it is
+			// handled must not crash it for good.
+			a.fail(c, fmt.Errorf("%w: %d crashes", ErrTooManyRestarts, c.moves), "too_many_restarts")
+		case len(c.output) > 0 && !a.cfg.Migration:
+			a.fail(c, fmt.Errorf("%w (the API server restarted after %d tokens)", ErrEngineLost, len(c.output)), "engine_lost")
+		default:
+			resumed++
+			a.dispatch(ctx, c)
+		}
+	}
+	a.cfg.Logger.Warn("the API server restarted after a crash; its requests continue", "requests", resumed, "failed", len(calls)-resumed)
 }
 
 // pick chooses the rank for c; nil with no error means c must wait.
@@ -299,6 +368,8 @@ func (a *APIServerActor) pick(c *call) (*rankState, error) {
 		switch {
 		case r != nil && r.failed:
 			return nil, fmt.Errorf("%w: rank %d", ErrRankFailed, rank)
+		case r != nil && r.lost:
+			return nil, fmt.Errorf("%w: rank %d (node %s)", ErrRankLost, rank, r.node)
 		case r != nil && r.ready:
 			return r, nil
 		case r != nil || (a.cfg.BalanceRemote && rank >= 0 && rank < a.cfg.DataParallelSize):
@@ -332,7 +403,14 @@ func (a *APIServerActor) pick(c *call) (*rankState, error) {
 func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 	r, err := a.pick(c)
 	if err != nil {
-		a.fail(c, err, "rank_not_served")
+		reason := "rank_not_served"
+		switch {
+		case errors.Is(err, ErrRankFailed):
+			reason = "rank_failed"
+		case errors.Is(err, ErrRankLost):
+			reason = "rank_lost"
+		}
+		a.fail(c, err, reason)
 		return
 	}
 	if r == nil {

@@ -44,6 +44,9 @@ type rankState struct {
 	crashes []time.Time
 	timer   *time.Timer
 	failed  bool
+	// lost is set when gossip declared the rank's node dead or gone, and
+	// cleared when a node that hosts the rank says so.
+	lost    bool
 	metrics *rankMetrics
 }
 
@@ -79,6 +82,7 @@ func (a *APIServerActor) start(ctx actor.Context) {
 	// A restarted API server knows nothing of the cluster: its node tells
 	// it the members and the coordinator again.
 	ctx.Send(ctx.Parent(), &apiServerStarted{})
+	a.resume(ctx)
 }
 
 func (a *APIServerActor) addRank(r *rankState) {
@@ -176,14 +180,19 @@ func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 	r.timer = time.AfterFunc(delay, msg.restart)
 }
 
-// failPinned ends the parked requests pinned to a rank that will not
-// come back.
+// failPinned ends the parked requests pinned to a rank that failed or was
+// lost: it will not come back soon, and they would otherwise wait out the
+// park timeout for nothing.
 func (a *APIServerActor) failPinned(r *rankState) {
 	a.parked = slices.DeleteFunc(a.parked, func(c *call) bool {
 		if c.sub.Rank != r.rank {
 			return false
 		}
-		a.fail(c, fmt.Errorf("%w: rank %d", ErrRankFailed, r.rank), "rank_failed")
+		if r.failed {
+			a.fail(c, fmt.Errorf("%w: rank %d", ErrRankFailed, r.rank), "rank_failed")
+		} else {
+			a.fail(c, fmt.Errorf("%w: rank %d (node %s)", ErrRankLost, r.rank, r.node), "rank_lost")
+		}
 		return true
 	})
 	a.cfg.Metrics.parked.Set(float64(len(a.parked)))
@@ -333,7 +342,7 @@ func (a *APIServerActor) remoteStatuses(ctx actor.Context, from *actor.PID, stat
 		replaced := r.node != node || r.epoch.Load() != st.EngineEpoch
 		// The rank's new state first: the requests moved off it must not
 		// be sent back to the engine that lost them.
-		r.node, r.ready = node, st.Ready
+		r.node, r.ready, r.lost = node, st.Ready, false
 		r.pid = actor.NewPID(from.Address, engineID(rank))
 		r.epoch.Store(st.EngineEpoch)
 		if replaced {

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/gpu"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
@@ -228,4 +230,39 @@ func TestLostRequestIsSentAgain(t *testing.T) {
 	if moved := metricSum(t, tn.reg, "dpnode_requests_migrated_total", 0) + metricSum(t, tn.reg, "dpnode_requests_redispatched_total", 0); moved != 1 {
 		t.Fatalf("%v moves, want the lost request's one", moved)
 	}
+}
+
+// TestAPIServerCrashLosesNoRequest crashes the API server in the middle of
+// a burst, on the 40th step output it receives (which is lost with it):
+// its supervisor restarts it, the new incarnation takes the calls over,
+// and every request finishes token-exactly, with no error.
+func TestAPIServerCrashLosesNoRequest(t *testing.T) {
+	var outputs atomic.Int64
+	prev := faultHook
+	faultHook = func(ctx actor.Context) bool {
+		if _, ok := ctx.Message().(*dpnodev1.StepOutputs); ok && ctx.Self().Id == apiServerID && outputs.Add(1) == 40 {
+			panic("injected API server fault")
+		}
+		return prev != nil && prev(ctx)
+	}
+	// Registered before the node's own cleanup, so run after it stops.
+	t.Cleanup(func() { faultHook = prev })
+	tn := startTestNode(t, 2, 0.05, -1, 0)
+	const n, maxTokens = 60, 20
+	results := tn.runBurst(t, n, maxTokens)
+	if outputs.Load() <= 40 {
+		t.Fatalf("the API server received %d step outputs: the fault was never injected", outputs.Load())
+	}
+	for i, r := range results {
+		prompt := tn.tok.Tokens(fmt.Sprintf("request number %d asks about the cluster", i))
+		if want := tn.expected(prompt, engine.SamplingParams{MaxTokens: maxTokens, IgnoreEOS: true}); r.err != nil || !slices.Equal(r.tokens, want) {
+			t.Fatalf("request %d: err %v, %d tokens; want the undisturbed %d", i, r.err, len(r.tokens), len(want))
+		}
+	}
+	for _, r := range tn.runBurst(t, 20, 3) {
+		if r.err != nil {
+			t.Fatalf("after the restart: %v", r.err)
+		}
+	}
+	tn.assertSettled(t)
 }

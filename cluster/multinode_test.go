@@ -6,6 +6,8 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"syscall"
@@ -462,5 +464,53 @@ func TestHeadlessNodeRestartedAtOnce(t *testing.T) {
 	}
 	if v, err := a.view(); err != nil || !onNew(v) {
 		t.Fatalf("after a burst, the restarted node's ranks: %+v (%v)", v.Ranks, err)
+	}
+}
+
+// TestPinnedRequestsFailAtOnceWhenTheirNodeDies: a request pinned to a
+// rank whose node is killed fails as soon as gossip declares the node
+// dead, with 503, Retry-After and the rank named, instead of waiting out
+// the 30 s park timeout; so does a request pinned to it afterwards, while
+// the other ranks keep serving.
+func TestPinnedRequestsFailAtOnceWhenTheirNodeDies(t *testing.T) {
+	a, b := startInternalPair(t, "127.0.0.201", "127.0.0.202")
+	pinned := map[string]string{"X-data-parallel-rank": "3"}
+	type answer struct {
+		status     int
+		retryAfter string
+		body       string
+		err        error
+	}
+	send := func() answer {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, a.url+"/v1/completions",
+			strings.NewReader(`{"prompt":"pinned to rank 3","max_tokens":5000,"ignore_eos":true}`))
+		for k, v := range pinned {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return answer{err: err}
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return answer{resp.StatusCode, resp.Header.Get("Retry-After"), string(body), err}
+	}
+	check := func(what string, ans answer) {
+		t.Helper()
+		if ans.err != nil || ans.status != 503 || ans.retryAfter == "" ||
+			!strings.Contains(ans.body, "rank 3") || !strings.Contains(ans.body, "declared its node dead") {
+			t.Fatalf("%s: %d, Retry-After %q, %s (%v); want 503 naming rank 3 and its dead node", what, ans.status, ans.retryAfter, ans.body, ans.err)
+		}
+	}
+	inFlight := make(chan answer, 1)
+	go func() { inFlight <- send() }()
+	a.waitView("the pinned request runs", 10*time.Second, func(v clusterView) bool { return v.InFlight == 1 })
+	b.signal(syscall.SIGKILL)
+	check("the request in flight on the killed node", <-inFlight)
+	check("a request pinned to the dead rank", send())
+	if failed, err := burst(a.url, 20, 3); failed > 0 {
+		t.Fatalf("the surviving ranks: %d of 20 failed; first: %v", failed, err)
 	}
 }

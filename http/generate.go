@@ -226,7 +226,12 @@ func finishName(f engine.FinishReason) string {
 func eventError(err error) *apiError {
 	switch {
 	case errors.Is(err, actors.ErrNoRank), errors.Is(err, actors.ErrAPIServerGone):
-		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error"}
+		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", RetryAfter: 1}
+	case errors.Is(err, actors.ErrRankFailed), errors.Is(err, actors.ErrRankLost):
+		// The pinned rank is out of service; it may come back (a node
+		// that hosts it rejoins, an operator restarts it), or the client
+		// may pin another.
+		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("rank_unavailable"), RetryAfter: 5}
 	case errors.Is(err, actors.ErrRankNotServed):
 		return badRequest(err.Error(), "X-data-parallel-rank")
 	default:

@@ -313,7 +313,9 @@ func (r *chaosRun) stream(prompt string, maxTokens, abandonAfter int) record {
 // injectFaults injects one fault after another until the deadline; each
 // fault heals before the next.
 func (r *chaosRun) injectFaults(deadline time.Time) {
-	own := r.engine.faults(r)
+	// Every run crashes the API server once: that no request fails for
+	// it is a promise the report checks.
+	own := append([]func() fault{r.panicAPIServer}, r.engine.faults(r)...)
 	kinds := append([]func() fault{
 		r.panicEngine, r.panicAPIServer, r.panicCoordinator, r.killNode, r.stopNode, r.partition,
 	}, own...)
@@ -321,7 +323,7 @@ func (r *chaosRun) injectFaults(deadline time.Time) {
 		time.Sleep(*chaosEvery)
 		inject := kinds[r.rng.IntN(len(kinds))]
 		if n < len(own) {
-			// Every run has each of the engine's own faults once.
+			// Every run has each of these faults once.
 			inject = own[n]
 		}
 		f := inject()
@@ -473,18 +475,25 @@ func (r *chaosRun) report(baseline map[string]float64, movedBefore [2]float64) {
 	fmt.Fprintf(&b, "| %-34s | %8.0f |\n", "re-dispatched (engine moves)", moved[1]-movedBefore[1])
 	fmt.Fprintf(&b, "| %-34s | %8s |\n", "p99 latency without faults", p99(calm))
 	fmt.Fprintf(&b, "| %-34s | %8s |\n", "p99 latency with faults", p99(faulty))
-	byKind := map[string]int{}
+	// Each fault with the requests that failed while it was in progress
+	// (up to settle after it healed).
+	byKind, failedBy := map[string]int{}, map[string]int{}
 	for _, f := range r.faults {
 		kind := f.kind
 		if f.skipped != "" {
 			kind += " (skipped: " + f.skipped + ")"
 		}
 		byKind[kind]++
+		for _, rec := range r.records {
+			if rec.outcome != completed && rec.outcome != disconnected && !rec.end.Before(f.start) && rec.end.Before(f.end.Add(settle)) {
+				failedBy[kind]++
+			}
+		}
 	}
 	kinds := slices.Sorted(maps.Keys(byKind))
-	fmt.Fprintf(&b, "| %-34s | %8s |\n", "faults injected", "")
+	fmt.Fprintf(&b, "\n| %-34s | %8s | %17s |\n|%s|%s|%s|\n", "fault", "injected", "requests failed", strings.Repeat("-", 36), strings.Repeat("-", 10), strings.Repeat("-", 19))
 	for _, k := range kinds {
-		fmt.Fprintf(&b, "| %-34s | %8d |\n", "  "+k, byKind[k])
+		fmt.Fprintf(&b, "| %-34s | %8d | %17d |\n", k, byKind[k], failedBy[k])
 	}
 	errs := map[string]int{}
 	for _, rec := range r.records {
@@ -508,6 +517,10 @@ func (r *chaosRun) report(baseline map[string]float64, movedBefore [2]float64) {
 	}
 	if counts[completed] == 0 {
 		t.Error("no request completed")
+	}
+	// A request's state outlives a crash of the API server actor.
+	if n := failedBy["API server crash"]; n > 0 {
+		t.Errorf("%d requests failed while the API server restarted after a crash, want 0", n)
 	}
 	// Back to baseline: engines hold no KV block, and goroutines are what
 	// an idle node runs (a restarted node is a fresh process: its own

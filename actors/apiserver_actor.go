@@ -432,14 +432,21 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 		ArrivalUnixNano: c.sub.Arrival.UnixNano(),
 		Attempt:         uint32(c.moves),
 	}
+	notify := false
 	if a.cfg.ExpertParallel {
-		wave, notify := a.waves.Dispatch()
-		add.Wave = wave
-		if notify && a.coordinator != nil {
-			ctx.Send(a.coordinator, &dpnodev1.FirstRequest{TargetRank: uint32(r.rank), Wave: wave, ArrivalUnixNano: add.ArrivalUnixNano})
-		}
+		add.Wave, notify = a.waves.Dispatch()
 	}
 	ctx.Request(r.pid, add)
+	if notify && a.coordinator != nil {
+		// After the request, never before: the notice wakes the other
+		// ranks, and their step reports wake the target too. A target that
+		// hears them before its request steps empty-handed, the wave ends
+		// on that first step, and the request, now stamped with an ended
+		// wave, starts a second one: a needless step on every rank. Sent
+		// first, the request is ahead in the target's mailbox of anything
+		// the notice causes, and ahead on the connection to its node.
+		ctx.Send(a.coordinator, &dpnodev1.FirstRequest{TargetRank: uint32(r.rank), Wave: add.Wave, ArrivalUnixNano: add.ArrivalUnixNano})
+	}
 }
 
 func (a *APIServerActor) park(c *call) {

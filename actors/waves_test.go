@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/dpnode/dpnode/engine"
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
 // startWaveNode runs ranks engines of the MoE profile, stepping in waves.
@@ -56,7 +58,37 @@ func (tn *testNode) waitIdle(t *testing.T) *ClusterView {
 	}
 }
 
+// watchWaveOrder reports whether rank's engine took a message of a wave (a
+// StartWave, a peer's step report) before its first request, in the order
+// its mailbox delivered them. It must not: woken before its request, the
+// engine reports no work, the wave ends on its first step, and the request
+// has to start a second one. Call it before starting the node, so that
+// the hook is put back only after the node stopped.
+func watchWaveOrder(t *testing.T, rank int) *atomic.Bool {
+	t.Helper()
+	prev := faultHook
+	t.Cleanup(func() { faultHook = prev })
+	var gotRequest atomic.Bool
+	early := new(atomic.Bool)
+	id := engineID(rank)
+	faultHook = func(ctx actor.Context) bool {
+		if self := ctx.Self(); self != nil && self.Id == id {
+			switch ctx.Message().(type) {
+			case *dpnodev1.AddRequest:
+				gotRequest.Store(true)
+			case *dpnodev1.StartWave, *dpnodev1.StepReport:
+				if !gotRequest.Load() {
+					early.Store(true)
+				}
+			}
+		}
+		return prev != nil && prev(ctx)
+	}
+	return early
+}
+
 func TestOneRequestStepsEveryRankInAWave(t *testing.T) {
+	early := watchWaveOrder(t, 1)
 	tn := startWaveNode(t, 4, 0.01, -1, 0)
 	tn.waitGroup(t, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -70,6 +102,9 @@ func TestOneRequestStepsEveryRankInAWave(t *testing.T) {
 		t.Fatalf("the request: %v %v", r.err, r.tokens)
 	}
 	v := tn.waitIdle(t)
+	if early.Load() {
+		t.Error("rank 1 heard of the wave before its request reached it")
+	}
 	for rank := range 4 {
 		waves := metricSum(t, tn.reg, "dpnode_waves_total", rank)
 		dummies := metricSum(t, tn.reg, "dpnode_dummy_steps_total", rank)

@@ -201,24 +201,27 @@ func (p *proc) signal(s syscall.Signal) {
 	}
 }
 
+// rankView is a rank in /v1/cluster.
+type rankView struct {
+	Rank        int    `json:"rank"`
+	Node        string `json:"node"`
+	Ready       bool   `json:"ready"`
+	Balanced    bool   `json:"balanced"`
+	Local       bool   `json:"local"`
+	WaveRunning bool   `json:"wave_running"`
+	InFlight    int    `json:"in_flight"`
+	Running     int    `json:"running"`
+	Waiting     int    `json:"waiting"`
+}
+
 // clusterView is the part of /v1/cluster the tests read.
 type clusterView struct {
 	Self  string `json:"self"`
 	Nodes []struct {
 		Name string `json:"name"`
 	} `json:"nodes"`
-	Ranks []struct {
-		Rank        int    `json:"rank"`
-		Node        string `json:"node"`
-		Ready       bool   `json:"ready"`
-		Balanced    bool   `json:"balanced"`
-		Local       bool   `json:"local"`
-		WaveRunning bool   `json:"wave_running"`
-		InFlight    int    `json:"in_flight"`
-		Running     int    `json:"running"`
-		Waiting     int    `json:"waiting"`
-	} `json:"ranks"`
-	InFlight    int `json:"in_flight_requests"`
+	Ranks       []rankView `json:"ranks"`
+	InFlight    int        `json:"in_flight_requests"`
 	Coordinator struct {
 		Node          string `json:"node"`
 		Epoch         uint64 `json:"epoch"`

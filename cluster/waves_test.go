@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,12 +83,7 @@ func oneRequestWakesFourRanks(t *testing.T, hosts map[*proc][]int, a *proc) {
 	a.waitView("the wave ended", 10*time.Second, func(v clusterView) bool { return v.Coordinator.Wave == 1 && !v.Coordinator.WaveRunning })
 	for p := range hosts {
 		p.waitView("every rank left the wave", 10*time.Second, func(v clusterView) bool {
-			for _, r := range v.Ranks {
-				if r.WaveRunning {
-					return false
-				}
-			}
-			return true
+			return !slices.ContainsFunc(v.Ranks, func(r rankView) bool { return r.WaveRunning })
 		})
 	}
 	waves := engineSum("dpnode_waves_total", hosts)
@@ -148,6 +144,13 @@ func TestWaveBurstOnTwoNodes(t *testing.T) {
 	}
 	wg.Wait()
 	hosts := map[*proc][]int{a: {0, 1}, b: {2, 3}}
+	// A wave is counted when it ends, a step or an all-reduce after the
+	// last request's output reached its client.
+	for p := range hosts {
+		p.waitView("every rank left the wave", 10*time.Second, func(v clusterView) bool {
+			return !slices.ContainsFunc(v.Ranks, func(r rankView) bool { return r.WaveRunning })
+		})
+	}
 	waves := engineSum("dpnode_waves_total", hosts)
 	dummies := engineSum("dpnode_dummy_steps_total", hosts)
 	balSum, balCount := engineSum("dpnode_step_balance_ratio_sum", hosts), engineSum("dpnode_step_balance_ratio_count", hosts)

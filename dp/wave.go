@@ -25,8 +25,10 @@ import (
 //   - FrontendWave, in each API server: its belief about the wave, which
 //     decides when a request must wake the others.
 //
-// Messages: a frontend stamps each request with its wave and, when it
-// believes the engines idle, tells the coordinator (FirstRequest). The
+// Messages: a frontend stamps each request with its wave, sends it, and,
+// when it believes the engines idle, then tells the coordinator
+// (FirstRequest): the request must reach its engine before anything the
+// notice sets off does (see FrontendWave.Dispatch). The
 // coordinator broadcasts StartWave(w, exclude) to the group. An engine
 // adopts StartWave if w >= its wave. An engine that gets a request stamped
 // with an older wave while idle starts itself and tells the coordinator
@@ -189,9 +191,14 @@ func (f *FrontendWave) Observe(w uint64, running bool) {
 }
 
 // Dispatch stamps a request for target: it returns the wave to stamp and
-// whether to tell the coordinator first (the engines looked idle). After a
+// whether to tell the coordinator (the engines looked idle). After a
 // first request it assumes the wave runs until a snapshot says otherwise,
 // so a burst sends one notice, not one per request.
+//
+// The notice goes after the request. The others start stepping on it and
+// their reports wake the target as well; a target that hears them before
+// its request reports no work, the wave ends on its first step, and the
+// request, stamped with the ended wave, must start another.
 func (f *FrontendWave) Dispatch() (wave uint64, notify bool) {
 	notify = !f.running
 	f.running = true

@@ -58,6 +58,9 @@ type Options struct {
 	GossipKey     string
 	GossipProfile string
 	TLS           TLSFiles
+	// InsecureCluster lets gossip and the actor transport listen beyond
+	// loopback without the gossip key and cluster TLS.
+	InsecureCluster bool
 
 	// Model is the model to serve; ServedModelName the name clients use
 	// (Model when empty).
@@ -146,7 +149,7 @@ func DefaultOptions() Options {
 		DataParallelSizeLocal: -1,
 		DataParallelStartRank: -1,
 		DataParallelRank:      -1,
-		Bind:                  "0.0.0.0:7946",
+		Bind:                  "127.0.0.1:7946",
 		RPCPort:               29550,
 		GossipProfile:         "lan",
 		Engine:                "sim",
@@ -165,6 +168,12 @@ func DefaultOptions() Options {
 		MaxPendingRequests:    -1,
 		HTTPTimeouts:          httpapi.DefaultTimeouts(),
 	}
+}
+
+// CheckOptions checks o as Start would, starting nothing.
+func CheckOptions(o Options) error {
+	_, err := o.check()
+	return err
 }
 
 // errFlags prefixes every error about the command line.
@@ -247,6 +256,9 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--bind %q: %v", o.Bind, err)
 	}
 	if err := o.TLS.check(); err != nil {
+		return nil, err
+	}
+	if err := o.checkClusterSecurity(); err != nil {
 		return nil, err
 	}
 	p := &plan{opts: o, flags: o.dpFlags()}
@@ -453,4 +465,30 @@ func (p *plan) maxRequests(topo dp.Topology) int {
 		pending = running
 	}
 	return running + pending
+}
+
+// checkClusterSecurity refuses cluster ports open beyond this machine
+// without authentication. Whoever can reach the gossip port can join the
+// cluster (and claim ranks, or be elected coordinator); whoever can reach
+// the actor transport can send any node's actors any message. The gossip
+// key admits only holders of the key to gossip, and mutual TLS only
+// holders of a certificate of the cluster's CA to the transport.
+func (o Options) checkClusterSecurity() error {
+	host, _, _ := splitHostPort(o.Bind, 7946)
+	ip := net.ParseIP(host)
+	if host == "localhost" || (ip != nil && ip.IsLoopback()) || o.InsecureCluster {
+		return nil
+	}
+	var missing []string
+	if o.GossipKey == "" {
+		missing = append(missing, "--gossip-key (or $DPNODE_GOSSIP_KEY)")
+	}
+	if !o.TLS.set() {
+		missing = append(missing, "--cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return flagError("--bind %s opens the cluster's gossip and actor ports beyond this machine, but anyone who reaches them could join the cluster and send its actors messages: set %s (dpnode certs --dir DIR NODE... writes them all), or accept the risk on a trusted network with --insecure-cluster",
+		o.Bind, strings.Join(missing, " and "))
 }

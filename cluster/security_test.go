@@ -2,53 +2,27 @@ package cluster
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	dpnode "github.com/dpnode/dpnode"
 )
 
-// testCA makes a CA and signs node certificates with it, as PEM files.
-type testCA struct {
-	dir  string
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	path string
-}
+// testCA is a cluster CA in a test's temporary directory, made by the
+// code of dpnode certs.
+type testCA struct{ *CA }
 
-func newTestCA(t *testing.T, name string) *testCA {
+func newTestCA(t *testing.T, _ string) *testCA {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
+	ca, created, err := OpenCA(t.TempDir())
+	if err != nil || !created {
+		t.Fatalf("a new CA: %v (created %v)", err, created)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name}, IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	ca := &testCA{dir: t.TempDir(), cert: cert, key: key}
-	ca.path = ca.write(t, name+"-ca.pem", "CERTIFICATE", der)
-	return ca
-}
-
-func (ca *testCA) write(t *testing.T, name, kind string, der []byte) string {
-	t.Helper()
-	p := filepath.Join(ca.dir, name)
-	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: kind, Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return &testCA{ca}
 }
 
 // NewTestCA is newTestCA for the multi-process tests.
@@ -57,16 +31,11 @@ var NewTestCA = newTestCA
 // Node issues a certificate for a node and returns its TLS files.
 func (ca *testCA) Node(t *testing.T, name string) TLSFiles {
 	t.Helper()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: name},
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	f, err := ca.Issue(name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	return TLSFiles{Cert: ca.write(t, name+".pem", "CERTIFICATE", der), Key: ca.write(t, name+"-key.pem", "EC PRIVATE KEY", keyDER), CA: ca.path}
+	return f
 }
 
 // TestTLSRefusesAPeerFromAnotherCA does the handshakes of the transport's
@@ -79,9 +48,9 @@ func TestTLSRefusesAPeerFromAnotherCA(t *testing.T) {
 		server, client TLSFiles
 		ok             bool
 	}{
-		{"same CA", ours.Node(t, "s"), ours.Node(t, "c"), true},
-		{"client from another CA", ours.Node(t, "s"), theirs.Node(t, "c"), false},
-		{"server from another CA", theirs.Node(t, "s"), ours.Node(t, "c"), false},
+		{"same CA", ours.Node(t, "s1"), ours.Node(t, "c1"), true},
+		{"client from another CA", ours.Node(t, "s2"), theirs.Node(t, "c2"), false},
+		{"server from another CA", theirs.Node(t, "s3"), ours.Node(t, "c3"), false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -123,6 +92,99 @@ func TestTLSRefusesAPeerFromAnotherCA(t *testing.T) {
 			sErr := <-serverErr
 			if ok := clientErr == nil && sErr == nil; ok != tc.ok {
 				t.Fatalf("handshake: client %v, server %v; want ok=%v", clientErr, sErr, tc.ok)
+			}
+		})
+	}
+}
+
+// TestCertsDirectory: dpnode certs' directory is made once and reused: the
+// CA, its key and the gossip key only its owner may read, one certificate
+// per node that the CA verifies, and no file overwritten.
+func TestCertsDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	ca, created, err := OpenCA(dir)
+	if err != nil || !created {
+		t.Fatalf("%v %v", err, created)
+	}
+	a, err := ca.Issue("node-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, created, err := OpenCA(dir)
+	if err != nil || created {
+		t.Fatalf("reopening: %v, created %v", err, created)
+	}
+	b, err := again.Issue("node-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := again.Issue("node-a"); err == nil {
+		t.Fatal("a node's certificate was issued twice over its files")
+	}
+	if _, err := again.Issue("../escape"); err == nil {
+		t.Fatal("a node name with a path in it was accepted")
+	}
+	// Both certificates verify against the same CA: the nodes can talk.
+	for _, f := range []TLSFiles{a, b} {
+		if _, err := f.credentials(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{caKeyFile, GossipKeyFile, "node-a-key.pem"} {
+		st, err := os.Stat(filepath.Join(dir, name))
+		if err != nil || st.Mode().Perm() != 0o600 {
+			t.Fatalf("%s: %v %v; want mode 0600", name, err, st)
+		}
+	}
+	key, err := os.ReadFile(filepath.Join(dir, GossipKeyFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := DefaultOptions()
+	o.GossipKey = strings.TrimSpace(string(key))
+	o.Profiles = dpnode.SimProfiles
+	if _, err := o.check(); err != nil {
+		t.Fatalf("the gossip key dpnode certs wrote: %v", err)
+	}
+}
+
+// TestClusterPortsOffLoopbackNeedKeyAndTLS: gossip and the actor
+// transport listen on loopback by default; on any other address a node
+// refuses to start without both the gossip key and cluster TLS, unless
+// told --insecure-cluster.
+func TestClusterPortsOffLoopbackNeedKeyAndTLS(t *testing.T) {
+	if b := DefaultOptions().Bind; !strings.HasPrefix(b, "127.0.0.1:") {
+		t.Fatalf("the default --bind is %s, not loopback", b)
+	}
+	tlsFiles := TLSFiles{Cert: "n.pem", Key: "n-key.pem", CA: "ca.pem"}
+	key := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+	cases := []struct {
+		name     string
+		bind     string
+		key      string
+		tls      TLSFiles
+		insecure bool
+		refused  bool
+	}{
+		{"loopback, nothing", "127.0.0.1:7946", "", TLSFiles{}, false, false},
+		{"another loopback address", "127.0.0.9:7946", "", TLSFiles{}, false, false},
+		{"all interfaces, nothing", "0.0.0.0:7946", "", TLSFiles{}, false, true},
+		{"a LAN address, key only", "10.0.0.1:7946", key, TLSFiles{}, false, true},
+		{"a LAN address, TLS only", "10.0.0.1:7946", "", tlsFiles, false, true},
+		{"a LAN address, key and TLS", "10.0.0.1:7946", key, tlsFiles, false, false},
+		{"all interfaces, insecure", "0.0.0.0:7946", "", TLSFiles{}, true, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := DefaultOptions()
+			o.Profiles = dpnode.SimProfiles
+			o.Bind, o.GossipKey, o.TLS, o.InsecureCluster = tc.bind, tc.key, tc.tls, tc.insecure
+			_, err := o.check()
+			if refused := err != nil; refused != tc.refused {
+				t.Fatalf("refused %v (%v), want %v", refused, err, tc.refused)
+			}
+			if err != nil && (!strings.Contains(err.Error(), "dpnode certs") || !strings.Contains(err.Error(), "--insecure-cluster")) {
+				t.Fatalf("the error does not say how to fix it: %v", err)
 			}
 		})
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -38,8 +39,44 @@ func newRootCommand() *cobra.Command {
 		SilenceErrors: true,
 		Version:       version,
 	}
-	root.AddCommand(newJoinCommand(), newTestModelCommand())
+	root.AddCommand(newJoinCommand(), newCertsCommand(), newTestModelCommand())
 	return root
+}
+
+func newCertsCommand() *cobra.Command {
+	dir := "dpnode-certs"
+	cmd := &cobra.Command{
+		Use:   "certs NODE...",
+		Short: "Write a cluster CA, a gossip key, and a certificate for each node named",
+		Long: `Write what a cluster needs so that only its members can join and speak: a CA
+whose certificates admit nodes to the actor transport (mutual TLS), a gossip
+key, and a certificate and key for each node named. The first run creates the
+CA and the gossip key in --dir; later runs reuse them to add nodes. Keys are
+readable by their owner only; copy each node its own files, the CA
+certificate and the gossip key.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, nodes []string) error {
+			ca, created, err := cluster.OpenCA(dir)
+			if err != nil {
+				return fmt.Errorf("the CA in %s: %w", dir, err)
+			}
+			out := cmd.OutOrStdout()
+			if created {
+				fmt.Fprintf(out, "created a cluster CA and a gossip key in %s\n", dir)
+			}
+			for _, name := range nodes {
+				f, err := ca.Issue(name)
+				if err != nil {
+					return fmt.Errorf("node %s: %w", name, err)
+				}
+				fmt.Fprintf(out, "%s: --cluster-tls-cert %s --cluster-tls-key %s --cluster-tls-ca %s\n", name, f.Cert, f.Key, f.CA)
+			}
+			fmt.Fprintf(out, "every node: DPNODE_GOSSIP_KEY=$(cat %s)\n", filepath.Join(dir, cluster.GossipKeyFile))
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", dir, "directory of the CA, the gossip key and the node certificates")
+	return cmd
 }
 
 func newTestModelCommand() *cobra.Command {
@@ -157,7 +194,7 @@ calibrated simulated executor.`,
 	f.BoolVar(&o.ExternalLB, "data-parallel-external-lb", false, "same as --data-parallel-lb external")
 	f.BoolVar(&o.Headless, "headless", false, "host ranks without an API server (internal mode)")
 	f.StringSliceVar(&o.Seeds, "seeds", nil, "gossip addresses (host:port) of cluster members to join; none starts a new cluster")
-	f.StringVar(&o.Bind, "bind", o.Bind, "gossip address (host:port); the actor transport listens on the same host")
+	f.StringVar(&o.Bind, "bind", o.Bind, "gossip address (host:port); the actor transport listens on the same host. Beyond loopback it needs --gossip-key and cluster TLS (dpnode certs)")
 	f.StringVar(&o.Advertise, "advertise", "", "address (host[:port]) other nodes reach this one at (default: the bind host, or a private IP)")
 	f.IntVar(&o.RPCPort, "data-parallel-rpc-port", o.RPCPort, "port of the actor transport between nodes")
 	f.StringVar(&o.GossipKey, "gossip-key", os.Getenv("DPNODE_GOSSIP_KEY"), "base64 key (16, 24 or 32 bytes) that encrypts gossip (default: $DPNODE_GOSSIP_KEY)")
@@ -165,6 +202,7 @@ calibrated simulated executor.`,
 	f.StringVar(&o.TLS.Cert, "cluster-tls-cert", "", "PEM certificate of this node for the actor transport (mutual TLS)")
 	f.StringVar(&o.TLS.Key, "cluster-tls-key", "", "PEM private key of --cluster-tls-cert")
 	f.StringVar(&o.TLS.CA, "cluster-tls-ca", "", "PEM certificate of the cluster CA that signs every node's certificate")
+	f.BoolVar(&o.InsecureCluster, "insecure-cluster", false, "let gossip and the actor transport listen beyond loopback without --gossip-key and cluster TLS (a trusted network only)")
 	f.BoolVar(&o.ExpertParallel, "enable-expert-parallel", false, "MoE with expert parallelism: ranks step in lockstep waves (needs a MoE profile)")
 	f.DurationVar(&o.CollectiveTimeout, "ep-collective-timeout", o.CollectiveTimeout, "how long a step waits for a lost rank before the others go on without it")
 	f.StringVar(&o.Model, "model", "", "model to serve: with --engine llamacpp a GGUF file (default: the simulated profile's model)")

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -15,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	dpnode "github.com/dpnode/dpnode"
+	"github.com/dpnode/dpnode/cluster"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/sim"
 )
@@ -38,6 +41,7 @@ func TestContradictoryFlagsFailBeforeAnythingStarts(t *testing.T) {
 		{"--engine", "nope"},
 		{"--max-num-seqs", "300", "--max-num-batched-tokens", "200"},
 		{"--balance-policy", "least-conn"},
+		{"--bind", "0.0.0.0:0"},
 	}
 	for _, args := range cases {
 		cmd := exec.Command(bin, append([]string{"join", "--host", "127.0.0.1", "--port", "0", "--bind", "127.0.0.1:0", "--data-parallel-rpc-port", "0"}, args...)...)
@@ -212,5 +216,39 @@ func TestAdminDrainWithoutAKeyIsLocalOnly(t *testing.T) {
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("dpnode exited with %v, want 0", err)
+	}
+}
+
+// TestCertsThenAClusterOffLoopbackMayStart: dpnode certs writes what a
+// node needs to bind beyond loopback, and a second run adds a node to the
+// same CA.
+func TestCertsThenAClusterOffLoopbackMayStart(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	run := func(args ...string) string {
+		t.Helper()
+		var out strings.Builder
+		cmd := newRootCommand()
+		cmd.SetOut(&out)
+		cmd.SetArgs(args)
+		if err := cmd.Execute(); err != nil {
+			t.Fatalf("dpnode %v: %v", args, err)
+		}
+		return out.String()
+	}
+	first := run("certs", "--dir", dir, "node-a", "node-b")
+	second := run("certs", "--dir", dir, "node-c")
+	if !strings.Contains(first, "created a cluster CA") || strings.Contains(second, "created") || !strings.Contains(second, "node-c.pem") {
+		t.Fatalf("first run:\n%s\nsecond run:\n%s", first, second)
+	}
+	key, err := os.ReadFile(filepath.Join(dir, "gossip.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := cluster.DefaultOptions()
+	o.Bind, o.GossipKey = "0.0.0.0:7946", strings.TrimSpace(string(key))
+	o.TLS = cluster.TLSFiles{Cert: filepath.Join(dir, "node-c.pem"), Key: filepath.Join(dir, "node-c-key.pem"), CA: filepath.Join(dir, "ca.pem")}
+	o.Profiles = dpnode.SimProfiles
+	if err := cluster.CheckOptions(o); err != nil {
+		t.Fatalf("a node with the files dpnode certs wrote: %v", err)
 	}
 }

@@ -391,7 +391,7 @@ func (a *APIServerActor) pick(c *call) (*rankState, error) {
 		a.loads = append(a.loads, l)
 	}
 	if c.placing == nil {
-		c.placing = dp.NewRequest(c.sub.Prompt, max(a.cfg.BlockSize, 1))
+		c.placing = dp.NewRequest(c.sub.Prompt, max(a.cfg.BlockSize, 1), c.sub.CacheSalt)
 	}
 	if i := a.cfg.Policy.Pick(c.placing, a.loads); i >= 0 {
 		c.cached = c.placing.Cached
@@ -431,6 +431,13 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 		EngineEpoch:     r.epoch.Load(),
 		ArrivalUnixNano: c.sub.Arrival.UnixNano(),
 		Attempt:         uint32(c.moves),
+		CacheSalt:       c.sub.CacheSalt,
+	}
+	if r.local && c.placing != nil {
+		// The engine in this process takes the blocks' hashes as the
+		// balancer computed them; another node's computes its own, which
+		// costs less than sending 32 bytes per block.
+		add.PromptBlockHashes = packHashes(c.placing.Blocks)
 	}
 	notify := false
 	if a.cfg.ExpertParallel {

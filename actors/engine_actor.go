@@ -318,15 +318,22 @@ func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest, sender *a
 	if msg.EngineEpoch != e.epoch {
 		return
 	}
-	err := e.sched.Add(engine.NewRequest{
-		ID:       msg.RequestId,
-		Prompt:   msg.PromptTokenIds,
-		Output:   msg.OutputTokenIds,
-		Sampling: samplingFromWire(msg.Sampling),
-		Arrival:  time.Unix(0, msg.ArrivalUnixNano),
-		Client:   sender,
-		Attempt:  msg.Attempt,
-	})
+	nr := engine.NewRequest{
+		ID:        msg.RequestId,
+		Prompt:    msg.PromptTokenIds,
+		Output:    msg.OutputTokenIds,
+		Sampling:  samplingFromWire(msg.Sampling),
+		Arrival:   time.Unix(0, msg.ArrivalUnixNano),
+		Client:    sender,
+		Attempt:   msg.Attempt,
+		CacheSalt: msg.CacheSalt,
+	}
+	// Hashes are trusted only from this process: hashes that do not name
+	// their tokens would serve one prompt another's cached KV.
+	if sender != nil && sender.Address == ctx.Self().Address {
+		nr.BlockHashes = unpackHashes(msg.PromptBlockHashes)
+	}
+	err := e.sched.Add(nr)
 	if err != nil {
 		ctx.Send(sender, &dpnodev1.StepOutputs{
 			Rank:        uint32(e.cfg.Rank),
@@ -527,4 +534,27 @@ func samplingToWire(s engine.SamplingParams) *dpnodev1.SamplingParams {
 		IgnoreEos:    s.IgnoreEOS,
 		StopTokenIds: s.StopTokenIDs,
 	}
+}
+
+// packHashes and unpackHashes carry block hashes in AddRequest's
+// prompt_block_hashes; a length that is not a whole number of hashes
+// unpacks to none.
+func packHashes(hs []engine.BlockHash) []byte {
+	b := make([]byte, 0, len(hs)*len(engine.BlockHash{}))
+	for _, h := range hs {
+		b = append(b, h[:]...)
+	}
+	return b
+}
+
+func unpackHashes(b []byte) []engine.BlockHash {
+	size := len(engine.BlockHash{})
+	if len(b) == 0 || len(b)%size != 0 {
+		return nil
+	}
+	hs := make([]engine.BlockHash, len(b)/size)
+	for i := range hs {
+		copy(hs[i][:], b[i*size:])
+	}
+	return hs
 }

@@ -23,6 +23,9 @@ type Submission struct {
 	Index  int
 	// Arrival is when the client call arrived, for latency metrics.
 	Arrival time.Time
+	// CacheSalt keeps the request's prefix-cache blocks apart from other
+	// salts' (engine.NewRequest.CacheSalt).
+	CacheSalt string
 }
 
 // Abort cancels a request: its client went away, or a stop string

@@ -53,9 +53,9 @@ type Request struct {
 }
 
 // NewRequest describes prompt for a policy, with the hashes of its blocks
-// of blockSize tokens.
-func NewRequest(prompt []uint32, blockSize int) *Request {
-	return &Request{PromptTokens: len(prompt), Blocks: engine.PrefixHashes(prompt, blockSize), BlockSize: blockSize}
+// of blockSize tokens under the request's cache salt.
+func NewRequest(prompt []uint32, blockSize int, salt string) *Request {
+	return &Request{PromptTokens: len(prompt), Blocks: engine.PrefixHashes(prompt, blockSize, salt), BlockSize: blockSize}
 }
 
 // Policy picks the rank for a request.

@@ -95,7 +95,7 @@ func available(n int) []RankLoad {
 func TestLiveLoadFollowsACachedPrefix(t *testing.T) {
 	p := &LiveLoad{Affinity: 2}
 	ranks := available(4)
-	shared := NewRequest(prompt(7, 160), 16)
+	shared := NewRequest(prompt(7, 160), 16, "")
 	first := p.Pick(shared, ranks)
 	ranks[first].InFlight++
 	// Up to two requests more here than elsewhere: the prefix wins.
@@ -111,7 +111,7 @@ func TestLiveLoadFollowsACachedPrefix(t *testing.T) {
 		t.Fatalf("rank %d holds 3 requests against 0 elsewhere and still got the prefix's request", first)
 	}
 	// Another prefix is not drawn to that rank.
-	other := NewRequest(prompt(8, 160), 16)
+	other := NewRequest(prompt(8, 160), 16, "")
 	if got := p.Pick(other, ranks); got == first {
 		t.Fatalf("an unrelated prompt went to the loaded rank %d", first)
 	}
@@ -120,7 +120,7 @@ func TestLiveLoadFollowsACachedPrefix(t *testing.T) {
 func TestLiveLoadForgetsARestartedRank(t *testing.T) {
 	p := &LiveLoad{Affinity: 2}
 	ranks := available(2)
-	shared := NewRequest(prompt(1, 64), 16)
+	shared := NewRequest(prompt(1, 64), 16, "")
 	first := p.Pick(shared, ranks)
 	ranks[first].InFlight = 1
 	p.Forget(ranks[first].Rank)
@@ -137,7 +137,7 @@ func TestAffinityBoundsImbalance(t *testing.T) {
 		p := &LiveLoad{Affinity: rapid.Float64Range(0, 4).Draw(t, "affinity")}
 		ranks := available(n)
 		for range rapid.IntRange(1, 200).Draw(t, "burst") {
-			req := NewRequest(prompt(rapid.IntRange(0, 3).Draw(t, "prefix"), rapid.IntRange(1, 100).Draw(t, "len")), 16)
+			req := NewRequest(prompt(rapid.IntRange(0, 3).Draw(t, "prefix"), rapid.IntRange(1, 100).Draw(t, "len")), 16, "")
 			ranks[p.Pick(req, ranks)].InFlight++
 			lo, hi := ranks[0].InFlight, ranks[0].InFlight
 			for _, r := range ranks {
@@ -239,13 +239,13 @@ func TestLiveLoadWeighsPendingPrefill(t *testing.T) {
 	ranks := available(2)
 	ranks[0].InFlight, ranks[0].PendingPrefill = 1, 16000
 	ranks[1].InFlight = 3
-	req := NewRequest(prompt(3, 100), 16)
+	req := NewRequest(prompt(3, 100), 16, "")
 	if got := p.Pick(req, ranks); got != 1 {
 		t.Fatalf("picked rank %d, behind 16,000 tokens of prefill", got)
 	}
 	// The request's own cached share counts too: a rank that holds the
 	// prefix has less to prefill, and Pick says how much.
-	long := NewRequest(prompt(4, 8192), 16)
+	long := NewRequest(prompt(4, 8192), 16, "")
 	ranks = available(2)
 	first := p.Pick(long, ranks)
 	ranks[first].InFlight++
@@ -264,7 +264,7 @@ func TestPrefixIndexMatchesEachRanksMemory(t *testing.T) {
 		x := &PrefixIndex{Capacity: rapid.IntRange(1, 12).Draw(t, "capacity")}
 		ranks := available(n)
 		for range rapid.IntRange(1, 60).Draw(t, "ops") {
-			req := NewRequest(prompt(rapid.IntRange(0, 4).Draw(t, "prefix"), rapid.IntRange(0, 120).Draw(t, "len")), 16)
+			req := NewRequest(prompt(rapid.IntRange(0, 4).Draw(t, "prefix"), rapid.IntRange(0, 120).Draw(t, "len")), 16, "")
 			rank := rapid.IntRange(0, n-1).Draw(t, "rank")
 			switch rapid.IntRange(0, 4).Draw(t, "op") {
 			case 0:

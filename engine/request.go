@@ -73,6 +73,14 @@ type NewRequest struct {
 	// caller can route it without a lookup of its own; so is Attempt.
 	Client  any
 	Attempt uint32
+	// CacheSalt keeps the request's prefix-cache blocks apart from those
+	// of requests with another salt (vLLM's cache_salt): a tenant's.
+	CacheSalt string
+	// BlockHashes, when set, are the hashes of the prompt's leading full
+	// blocks (PrefixHashes of Prompt and CacheSalt) as the caller already
+	// computed them, so that no block is hashed twice in a process. The
+	// scheduler trusts them.
+	BlockHashes []BlockHash
 }
 
 // Request is the scheduler's state of one request. Its fields are the
@@ -87,6 +95,9 @@ type Request struct {
 	arrival  time.Time
 	// promptHash keys the executor's deterministic sampling.
 	promptHash uint64
+	// salt keeps the request's blocks apart from other salts' (its first
+	// block's parent is SaltHash(salt)).
+	salt string
 	// stops is sampling.StopTokenIDs as a set: it is checked for every
 	// token sampled, inside the step every request of the rank waits on.
 	stops tokenSet
@@ -147,7 +158,7 @@ func (r *Request) extendHashes(blockSize, n int) {
 		for j := i * blockSize; j < (i+1)*blockSize; j++ {
 			buf = append(buf, r.tokenAt(j))
 		}
-		var parent BlockHash
+		parent := SaltHash(r.salt)
 		if i > 0 {
 			parent = r.blockHashes[i-1]
 		}
@@ -163,5 +174,5 @@ func PromptHash(prompt []uint32, seed *int64) uint64 {
 	if seed != nil {
 		s = uint64(*seed)
 	}
-	return uint64(HashBlock(BlockHash(s), prompt))
+	return fnvTokens(s, prompt)
 }

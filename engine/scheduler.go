@@ -207,8 +207,12 @@ func (s *Scheduler) Add(nr NewRequest) error {
 		attempt:    nr.Attempt,
 		arrival:    nr.Arrival,
 		promptHash: PromptHash(nr.Prompt, nr.Sampling.Seed),
+		salt:       nr.CacheSalt,
 		stops:      newTokenSet(nr.Sampling.StopTokenIDs),
 		seq:        noSeq,
+	}
+	if n := len(nr.BlockHashes); n > 0 && n <= len(nr.Prompt)/s.cfg.BlockSize {
+		req.blockHashes = slices.Clone(nr.BlockHashes)
 	}
 	s.requests[req.id] = req
 	s.waiting = append(s.waiting, req)

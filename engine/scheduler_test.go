@@ -493,16 +493,76 @@ func TestSchedulerProperties(t *testing.T) {
 }
 
 // TestPrefixHashesAreTheCachesNames checks that a balancer computing
-// PrefixHashes from a prompt names blocks as the engine's cache does.
+// PrefixHashes from a prompt names blocks as the engine's cache does, for
+// each salt, and that salts name the same tokens apart.
 func TestPrefixHashesAreTheCachesNames(t *testing.T) {
 	prompt := make([]uint32, 16*5+7)
 	for i := range prompt {
 		prompt[i] = uint32(i*7919) % 1000
 	}
-	r := &Request{prompt: prompt}
-	r.extendHashes(16, 5)
-	if got := PrefixHashes(prompt, 16); !slices.Equal(got, r.blockHashes) {
-		t.Fatalf("PrefixHashes = %v, the engine's = %v", got, r.blockHashes)
+	bySalt := map[string][]BlockHash{}
+	for _, salt := range []string{"", "tenant-a", "tenant-b"} {
+		r := &Request{prompt: prompt, salt: salt}
+		r.extendHashes(16, 5)
+		if got := PrefixHashes(prompt, 16, salt); !slices.Equal(got, r.blockHashes) {
+			t.Fatalf("salt %q: PrefixHashes = %x, the engine's = %x", salt, got, r.blockHashes)
+		}
+		for other, hs := range bySalt {
+			for i := range hs {
+				if hs[i] == r.blockHashes[i] {
+					t.Fatalf("block %d has the same hash under salts %q and %q", i, other, salt)
+				}
+			}
+		}
+		bySalt[salt] = r.blockHashes
+	}
+}
+
+// TestCacheSaltKeepsTenantsApart: a prompt cached under one salt is a hit
+// for that salt only, whether the engine hashes it or is handed the
+// hashes its balancer computed.
+func TestCacheSaltKeepsTenantsApart(t *testing.T) {
+	s := newTestScheduler(t, testConfig())
+	p := prompt(5, 40)
+	cached := func(id, salt string, given bool) int {
+		t.Helper()
+		nr := NewRequest{ID: id, Prompt: p, CacheSalt: salt, Sampling: SamplingParams{MaxTokens: 1}}
+		if given {
+			nr.BlockHashes = PrefixHashes(p, testConfig().BlockSize, salt)
+		}
+		if err := s.Add(nr); err != nil {
+			t.Fatal(err)
+		}
+		_, outs := runStep(t, s, nil)
+		drain(t, s, nil)
+		return outs[0].NumCachedTokens
+	}
+	if n := cached("a1", "a", false); n != 0 {
+		t.Fatalf("the first request hit %d cached tokens", n)
+	}
+	if n := cached("b1", "b", true); n != 0 {
+		t.Fatalf("another salt hit %d tokens of the first one's prompt", n)
+	}
+	if n := cached("none", "", false); n != 0 {
+		t.Fatalf("no salt hit %d tokens of a salted prompt", n)
+	}
+	// An identical prompt leaves its last token to compute.
+	bs := testConfig().BlockSize
+	want := (len(p) - 1) / bs * bs
+	if n := cached("a2", "a", true); n != want {
+		t.Fatalf("the same salt hit %d cached tokens, want %d", n, want)
+	}
+	if n := cached("b2", "b", false); n != want {
+		t.Fatalf("the second salt's own prompt hit %d cached tokens, want %d", n, want)
+	}
+}
+
+// BenchmarkPrefixHashes is what naming a request's blocks costs: a prompt
+// of 2,048 tokens is 128 blocks.
+func BenchmarkPrefixHashes(b *testing.B) {
+	p := prompt(9, 2048)
+	for b.Loop() {
+		PrefixHashes(p, 16, "")
 	}
 }
 

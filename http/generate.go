@@ -37,6 +37,7 @@ type genSpec struct {
 	echo         bool
 	tokenIDs     bool
 	rank         int
+	cacheSalt    string
 }
 
 func newID(prefix string) string { return prefix + "-" + strings.ToLower(rand.Text()) }
@@ -79,6 +80,9 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 		return nil, e
 	}
 	g.includeUsage = p.StreamOptions != nil && p.StreamOptions.IncludeUsage
+	if p.CacheSalt != nil {
+		g.cacheSalt = *p.CacheSalt
+	}
 	rank, e := s.pinnedRank(r)
 	if e != nil {
 		return nil, e
@@ -263,7 +267,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 		choices[i] = &choice{subID: fmt.Sprintf("%s-%d", g.id, i), prompt: pi, rank: -1}
 		s.cfg.Backend.Submit(&actors.Submission{
 			ID: choices[i].subID, Prompt: g.prompts[pi].tokens, Sampling: sp,
-			Rank: g.rank, Stream: stream, Index: i, Arrival: arrival,
+			Rank: g.rank, Stream: stream, Index: i, Arrival: arrival, CacheSalt: g.cacheSalt,
 		})
 	}
 	// Whatever ends this call, no request of it may keep an engine busy.

@@ -250,3 +250,46 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 		}
 	})
 }
+
+// TestCacheSaltKeepsTenantsApart: cached_tokens tells a client only of
+// prefixes sent under its own cache_salt. On one rank, a tenant's prompt
+// is a miss for another salt and for none, and a hit for its own, found by
+// the block hashes the balancer computed and handed to the engine.
+func TestCacheSaltKeepsTenantsApart(t *testing.T) {
+	ts := startServer(t, 0, func(o *cluster.Options) { o.GPUs = 1 })
+	prompt := strings.Repeat("a system prompt only tenant a has sent ", 20)
+	cached := func(salt string) int {
+		t.Helper()
+		body := fmt.Sprintf(`{"prompt":%q,"max_tokens":1`, prompt)
+		if salt != "" {
+			body += fmt.Sprintf(`,"cache_salt":%q`, salt)
+		}
+		status, resp := ts.post(t, "/v1/completions", body+"}", nil)
+		var r struct {
+			Usage struct {
+				PromptTokensDetails struct {
+					CachedTokens int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		if status != 200 || json.Unmarshal(resp, &r) != nil {
+			t.Fatalf("%d %s", status, resp)
+		}
+		return r.Usage.PromptTokensDetails.CachedTokens
+	}
+	if n := cached("tenant-a"); n != 0 {
+		t.Fatalf("the first request hit %d cached tokens", n)
+	}
+	if n := cached("tenant-b"); n != 0 {
+		t.Fatalf("tenant b hit %d tokens of tenant a's prompt", n)
+	}
+	if n := cached(""); n != 0 {
+		t.Fatalf("a request without a salt hit %d tokens of tenant a's prompt", n)
+	}
+	if n := cached("tenant-a"); n < 100 {
+		t.Fatalf("tenant a's own prompt hit %d cached tokens; want its blocks", n)
+	}
+	if status, body := ts.post(t, "/v1/completions", `{"prompt":"x","cache_salt":""}`, nil); status != 400 {
+		t.Fatalf("an empty cache_salt: %d %s", status, body)
+	}
+}

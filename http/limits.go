@@ -26,6 +26,8 @@ const (
 	maxMessages = 2048
 	// maxLogitBias bounds logit_bias's entries.
 	maxLogitBias = 1024
+	// maxCacheSaltBytes bounds cache_salt.
+	maxCacheSaltBytes = 1024
 )
 
 // limitError is the 400 of a list over its limit.
@@ -43,6 +45,9 @@ func checkLists(p *commonParams) *apiError {
 		return limitError("stop_token_ids", len(p.StopTokenIDs), maxStopTokenIDs, "token ids")
 	case len(p.LogitBias) > maxLogitBias:
 		return limitError("logit_bias", len(p.LogitBias), maxLogitBias, "entries")
+	}
+	if p.CacheSalt != nil && (*p.CacheSalt == "" || len(*p.CacheSalt) > maxCacheSaltBytes) {
+		return badRequest(fmt.Sprintf("cache_salt must be a non-empty string of at most %d bytes", maxCacheSaltBytes), "cache_salt")
 	}
 	for _, s := range p.Stop {
 		switch {

@@ -131,6 +131,10 @@ type commonParams struct {
 	Seed                *int64             `json:"seed"`
 	IgnoreEOS           bool               `json:"ignore_eos"`
 	LogitBias           map[string]float64 `json:"logit_bias"`
+	// CacheSalt keeps the call's prefix-cache blocks apart from other
+	// salts' (vLLM's cache_salt): a tenant that sends its own salt neither
+	// hits nor learns of another's cached prompts through cached_tokens.
+	CacheSalt *string `json:"cache_salt"`
 	// ReturnTokenIDs adds the prompt's and the completion's token ids to
 	// the response, as vLLM's return_token_ids does.
 	ReturnTokenIDs bool `json:"return_token_ids"`

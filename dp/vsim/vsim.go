@@ -313,7 +313,7 @@ func (s *simulation) arrive(i int) error {
 			SnapshotWaiting: r.snap.NumWaiting, SnapshotRunning: r.snap.NumRunning, SnapshotSeq: s.snapSeq,
 			PendingPrefill: r.pendingPrefill}
 	}
-	placing := dp.NewRequest(req.Prompt, s.cfg.Scheduler.BlockSize)
+	placing := dp.NewRequest(req.Prompt, s.cfg.Scheduler.BlockSize, "")
 	j := s.cfg.Policy.Pick(placing, s.loads)
 	if j < 0 {
 		return ErrNoRank
@@ -321,7 +321,9 @@ func (s *simulation) arrive(i int) error {
 	o.Rank = j
 	o.prefill = len(req.Prompt) - placing.Cached
 	r := s.ranks[j]
-	err := r.sched.Add(engine.NewRequest{ID: strconv.Itoa(i), Prompt: req.Prompt, Client: i,
+	// The blocks hashed to balance are the engine's: no block is hashed
+	// twice.
+	err := r.sched.Add(engine.NewRequest{ID: strconv.Itoa(i), Prompt: req.Prompt, Client: i, BlockHashes: placing.Blocks,
 		Sampling: engine.SamplingParams{MaxTokens: req.MaxTokens, IgnoreEOS: true}, Arrival: s.start.Add(s.now)})
 	if err != nil {
 		o.Err, o.End = err, s.now

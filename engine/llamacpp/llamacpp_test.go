@@ -73,6 +73,11 @@ func TestTokenizerMatchesLlamaCppVectors(t *testing.T) {
 				if !slices.Equal(ids, wantIDs) {
 					t.Fatalf("text %d %q: got %v, want %v", i, text, ids, wantIDs)
 				}
+				// What the API's check before tokenizing relies on: no
+				// token stands for more than MaxTokenBytes of text.
+				if per := tok.MaxTokenBytes(); per <= 0 || len(text) > len(ids)*per {
+					t.Fatalf("text %d: %d bytes in %d tokens, more than MaxTokenBytes %d each", i, len(text), len(ids), per)
+				}
 				if name != "llama-spm" && tok.Decode(ids) != text {
 					// Byte-level BPE round-trips exactly; SentencePiece
 					// adds a leading space.

@@ -219,9 +219,18 @@ type AddRequest struct {
 	// echoes it in every output, so that an API server that moved a request
 	// to the same engine tells the new dispatch's outputs from the old one's
 	// still on their way.
-	Attempt       uint32 `protobuf:"varint,8,opt,name=attempt,proto3" json:"attempt,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Attempt uint32 `protobuf:"varint,8,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// Keeps the request's prefix-cache blocks apart from other salts'
+	// (vLLM's cache_salt): requests of one tenant share cached prefixes, and
+	// no other tenant can hit, or learn of, them.
+	CacheSalt string `protobuf:"bytes,9,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	// SHA-256 hashes of the prompt's leading full KV blocks (32 bytes each,
+	// in order), as the sending API server computed them to balance, so
+	// that the engine need not hash them again. An engine takes them only
+	// from an API server of its own process; others are recomputed.
+	PromptBlockHashes []byte `protobuf:"bytes,10,opt,name=prompt_block_hashes,json=promptBlockHashes,proto3" json:"prompt_block_hashes,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *AddRequest) Reset() {
@@ -308,6 +317,20 @@ func (x *AddRequest) GetAttempt() uint32 {
 		return x.Attempt
 	}
 	return 0
+}
+
+func (x *AddRequest) GetCacheSalt() string {
+	if x != nil {
+		return x.CacheSalt
+	}
+	return ""
+}
+
+func (x *AddRequest) GetPromptBlockHashes() []byte {
+	if x != nil {
+		return x.PromptBlockHashes
+	}
+	return nil
 }
 
 // AbortRequests removes requests from an engine and frees their KV blocks.
@@ -836,7 +859,7 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"ignore_eos\x18\x06 \x01(\bR\tignoreEos\x12$\n" +
 	"\x0estop_token_ids\x18\a \x03(\rR\fstopTokenIds\x12\x13\n" +
 	"\x05top_k\x18\b \x01(\x05R\x04topKB\a\n" +
-	"\x05_seed\"\xb3\x02\n" +
+	"\x05_seed\"\x82\x03\n" +
 	"\n" +
 	"AddRequest\x12\x1d\n" +
 	"\n" +
@@ -847,7 +870,11 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\fengine_epoch\x18\x05 \x01(\x04R\vengineEpoch\x12\x12\n" +
 	"\x04wave\x18\x06 \x01(\x04R\x04wave\x12*\n" +
 	"\x11arrival_unix_nano\x18\a \x01(\x03R\x0farrivalUnixNano\x12\x18\n" +
-	"\aattempt\x18\b \x01(\rR\aattempt\"0\n" +
+	"\aattempt\x18\b \x01(\rR\aattempt\x12\x1d\n" +
+	"\n" +
+	"cache_salt\x18\t \x01(\tR\tcacheSalt\x12.\n" +
+	"\x13prompt_block_hashes\x18\n" +
+	" \x01(\fR\x11promptBlockHashes\"0\n" +
 	"\rAbortRequests\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
 	"requestIds\"\xec\x01\n" +

@@ -33,6 +33,7 @@ type options struct {
 	model       string
 	apiKey      string
 	metricsURLs []string
+	probes      []string
 
 	rates       []float64
 	concurrency []int
@@ -105,6 +106,7 @@ and wave logic over --ranks simulated ranks in virtual time instead.`,
 	f.StringVar(&o.model, "model", "", "model to ask for (default: the first the server lists)")
 	f.StringVar(&o.apiKey, "api-key", os.Getenv("OPENAI_API_KEY"), "bearer token (default: $OPENAI_API_KEY)")
 	f.StringSliceVar(&o.metricsURLs, "metrics-url", nil, "Prometheus endpoints to read the spread over ranks from (default: URL/metrics; none: off)")
+	f.StringSliceVar(&o.probes, "probe", nil, "GET these paths (as /health,/metrics) every 50 ms during each run and report their latency and non-200 answers")
 	f.Float64SliceVar(&o.rates, "rate", nil, "open loop: Poisson arrival rates in requests/s, one run each")
 	f.IntSliceVar(&o.concurrency, "concurrency", nil, "closed loop: numbers of clients, one run each")
 	f.Float64SliceVar(&o.loads, "load", nil, "open loop at these shares of the capacity (0.8: 80%), one run each")
@@ -213,11 +215,17 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 					metrics = nil
 				}
 			}
+			probeCtx, stopProbes := context.WithCancel(ctx)
+			probed := make(chan []ProbeSummary, 1)
+			go func() { probed <- probe(probeCtx, NewHTTPClient(), t.BaseURL, o.probes) }()
 			outs, elapsed := send(ctx, t, items, l, progress, label)
+			stopProbes()
+			probes := <-probed
 			if ctx.Err() != nil {
 				return Summary{}, nil, ctx.Err()
 			}
 			s := summarize(label, outs, gapsOf(outs), elapsed)
+			s.Probes = probes
 			if metrics != nil {
 				if after, err := scrapeServed(ctx, t.Client, metrics); err == nil {
 					s.Ranks = newSpread(servedDelta(before, after))

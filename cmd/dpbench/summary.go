@@ -95,6 +95,8 @@ type Summary struct {
 	// Errors counts the failures by message.
 	Errors map[string]int `json:"errors,omitempty"`
 	Ranks  *RankSpread    `json:"ranks,omitempty"`
+	// Probes are the --probe paths' answers during the run.
+	Probes []ProbeSummary `json:"probes,omitempty"`
 	// Simulated runs only.
 	Simulated      bool    `json:"simulated,omitempty"`
 	Policy         string  `json:"policy,omitempty"`
@@ -190,6 +192,7 @@ func printTable(w io.Writer, sums []Summary) {
 			fmtMs(s.ITL.P50), fmtMs(s.ITL.P99), fmtMs(s.E2E.P50), fmtMs(s.E2E.P99), s.Failed, spread)
 	}
 	tw.Flush()
+	printProbes(w, sums)
 	for _, s := range sums {
 		if len(s.Errors) == 0 {
 			continue

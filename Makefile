@@ -6,7 +6,7 @@ export PATH := $(GOBIN):$(PATH)
 
 GO_FILES = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
 
-.PHONY: build run test lint proto proto-check tools bench chaos chaos-llamacpp clean llamacpp llamacpp-test testmodel
+.PHONY: build run test lint proto proto-check tools bench chaos chaos-llamacpp fuzz clean llamacpp llamacpp-test testmodel
 
 build:
 	go build -o bin/dpnode ./cmd/dpnode
@@ -52,6 +52,26 @@ chaos:
 chaos-llamacpp: llamacpp
 	$(LLAMACPP_TEST_ENV) go test -tags 'chaos llamacpp' -run TestChaos -timeout 30m -v -count=1 ./cluster \
 		-chaos.duration=$(CHAOS_DURATION) -chaos.engine=llamacpp
+
+# Every Go fuzz target of the module (found by go test -list, so new ones
+# join on their own), one after another, FUZZTIME each, one worker. What a
+# target finds is kept under its package's testdata/fuzz/, where go test
+# replays it as a regression case from then on. Go's fuzzer can fail a run
+# with no fault of the code when a worker is starved (golang/go#56238), so
+# a failed target runs once more: a real failure was saved in testdata and
+# fails again at once.
+FUZZTIME ?= 2m
+fuzz:
+	@set -e; list=$$(go test -run '^$$' -list '^Fuzz' ./...); \
+	targets=$$(echo "$$list" | awk '/^Fuzz/ { names[++n] = $$1 } /^ok/ { for (i = 1; i <= n; i++) print $$2 "," names[i]; n = 0 }'); \
+	test -n "$$targets" || { echo "no fuzz targets found"; exit 1; }; \
+	for t in $$targets; do \
+		pkg=$${t%,*}; name=$${t#*,}; \
+		echo "== fuzz $$pkg $$name for $(FUZZTIME)"; \
+		go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg || { \
+			echo "== $$name failed; once more"; \
+			go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg; }; \
+	done
 
 bench:
 	go test -run '^$$' -bench . -benchtime 3s ./http/ ./engine/... ./actors/

@@ -91,6 +91,9 @@ func (c *CoordinatorActor) Receive(ctx actor.Context) {
 		ctx.Send(s.pid, c.snapshot(s, false))
 	case *dpnodev1.ReportStats:
 		st := msg.Stats
+		if st == nil {
+			return // a peer's report without stats: nothing to record
+		}
 		c.loads[st.Rank] = &dpnodev1.RankLoad{
 			Rank:             st.Rank,
 			NumWaiting:       st.NumWaiting,

@@ -315,7 +315,9 @@ func (e *EngineActor) receiveStarting(ctx actor.Context) {
 }
 
 func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest, sender *actor.PID) {
-	if msg.EngineEpoch != e.epoch {
+	// A request sent without a sender (Send, not Request) has no client to
+	// stream its outputs, or an error, to.
+	if msg.EngineEpoch != e.epoch || sender == nil {
 		return
 	}
 	nr := engine.NewRequest{

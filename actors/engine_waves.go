@@ -286,8 +286,10 @@ func reportToWire(r dp.StepReport) *dpnodev1.StepReport {
 func reportFromWire(m *dpnodev1.StepReport) dp.StepReport {
 	r := dp.StepReport{Rank: int(m.Rank), Wave: m.Wave, Step: m.Step, Tokens: int(m.NumTokens), Unfinished: m.HasUnfinished}
 	if s := m.Shape; s != nil {
-		r.Shape = engine.Shape{NumPrefillTokens: int(s.PrefillTokens), PrefillContextProduct: s.PrefillContextProduct,
-			NumDecodeSeqs: int(s.DecodeSeqs), DecodeContextTokens: s.DecodeContextTokens}
+		// A peer's counts are not trusted to be whole: the executor's cost
+		// model panics on a negative one.
+		r.Shape = engine.Shape{NumPrefillTokens: int(s.PrefillTokens), PrefillContextProduct: max(s.PrefillContextProduct, 0),
+			NumDecodeSeqs: int(s.DecodeSeqs), DecodeContextTokens: max(s.DecodeContextTokens, 0)}
 	}
 	return r
 }

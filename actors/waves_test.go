@@ -23,7 +23,7 @@ func startWaveNode(t *testing.T, ranks int, timeScale float64, crashRank int, cr
 }
 
 // waitGroup waits until the coordinator's group has n ranks.
-func (tn *testNode) waitGroup(t *testing.T, n int) {
+func (tn *testNode) waitGroup(t testing.TB, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -183,10 +183,18 @@ func (d *delegate) LocalState(bool) []byte { return nil }
 // MergeRemoteState implements memberlist.Delegate.
 func (d *delegate) MergeRemoteState([]byte, bool) {}
 
-func decodeMeta(n *memberlist.Node) (*dpnodev1.NodeMeta, error) {
+// decodeMeta reads a peer's metadata. Ranks beyond the deployment's size
+// are refused like unreadable metadata: the election and the cluster view
+// loop over a member's ranks, and a peer that claimed billions would hold
+// the node actor for seconds at each membership change, and make a view
+// (/health) allocate without bound.
+func decodeMeta(n *memberlist.Node, size uint32) (*dpnodev1.NodeMeta, error) {
 	var m dpnodev1.NodeMeta
 	if err := proto.Unmarshal(n.Meta, &m); err != nil {
 		return nil, fmt.Errorf("cluster: node %s sent unreadable metadata: %w", n.Name, err)
+	}
+	if end := uint64(m.StartRank) + uint64(m.LocalSize); end > uint64(size) {
+		return nil, fmt.Errorf("cluster: node %s claims ranks %d to %d, but --data-parallel-size is %d", n.Name, m.StartRank, end-1, size)
 	}
 	return &m, nil
 }
@@ -198,7 +206,7 @@ func (d *delegate) conflict(peer *memberlist.Node) error {
 	if peer.Name == d.cfg.Name || peer.Address() == d.selfAddr {
 		return nil
 	}
-	meta, err := decodeMeta(peer)
+	meta, err := decodeMeta(peer, d.cfg.Meta.DataParallelSize)
 	if err != nil {
 		return err
 	}
@@ -237,7 +245,7 @@ func (d *delegate) NotifyAlive(peer *memberlist.Node) error {
 	if err == nil {
 		return nil
 	}
-	if meta, derr := decodeMeta(peer); derr == nil && meta.BootUnixNano < d.self.Boot && d.cfg.OnConflict != nil {
+	if meta, derr := decodeMeta(peer, d.cfg.Meta.DataParallelSize); derr == nil && meta.BootUnixNano < d.self.Boot && d.cfg.OnConflict != nil {
 		d.cfg.OnConflict(fmt.Errorf("cluster: another node took this node's ranks first: %w", err))
 	}
 	return err
@@ -247,7 +255,7 @@ func (d *delegate) event(kind actors.MemberEventKind, n *memberlist.Node) {
 	if n.Name == d.cfg.Name || d.cfg.OnEvent == nil {
 		return
 	}
-	meta, err := decodeMeta(n)
+	meta, err := decodeMeta(n, d.cfg.Meta.DataParallelSize)
 	if err != nil {
 		d.cfg.Logger.Warn("ignoring a member", "error", err)
 		return

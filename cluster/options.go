@@ -474,9 +474,7 @@ func (p *plan) maxRequests(topo dp.Topology) int {
 // key admits only holders of the key to gossip, and mutual TLS only
 // holders of a certificate of the cluster's CA to the transport.
 func (o Options) checkClusterSecurity() error {
-	host, _, _ := splitHostPort(o.Bind, 7946)
-	ip := net.ParseIP(host)
-	if host == "localhost" || (ip != nil && ip.IsLoopback()) || o.InsecureCluster {
+	if o.bindsLoopback() || o.InsecureCluster {
 		return nil
 	}
 	var missing []string
@@ -491,4 +489,12 @@ func (o Options) checkClusterSecurity() error {
 	}
 	return flagError("--bind %s opens the cluster's gossip and actor ports beyond this machine, but anyone who reaches them could join the cluster and send its actors messages: set %s (dpnode certs --dir DIR NODE... writes them all), or accept the risk on a trusted network with --insecure-cluster",
 		o.Bind, strings.Join(missing, " and "))
+}
+
+// bindsLoopback reports whether the cluster ports listen on this machine
+// only.
+func (o Options) bindsLoopback() bool {
+	host, _, _ := splitHostPort(o.Bind, 7946)
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }

@@ -88,8 +88,8 @@ func Start(o Options) (*Running, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !o.TLS.set() {
-		o.Logger.Warn("actor traffic between nodes is plaintext; set --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca to encrypt it")
+	if !o.TLS.set() && !o.bindsLoopback() {
+		o.Logger.Warn("actor traffic between nodes is plaintext and unauthenticated (--insecure-cluster); set --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca (dpnode certs writes them)")
 	}
 
 	r := &Running{served: make(chan error, 1), logger: o.Logger, drain: o.DrainTimeout, drainRequested: make(chan struct{})}

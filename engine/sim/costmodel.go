@@ -59,7 +59,10 @@ type BatchShape struct {
 // An empty batch costs nothing without EP: there is no step. With EP an
 // idle rank still has to join every layer's all-to-all, and vLLM does so by
 // running a one-token dummy batch (execute_dummy_batch), so an empty EP
-// step is priced as that batch: N=1 with no context, plus the collective.
+// step is priced as that batch: one token with no context, plus the
+// collective. The token is priced as the cheaper kind (for every built-in
+// profile, a prefill token), so that an empty step never costs more than
+// a step that computes a token.
 //
 // StepTime panics if a count in b is negative: the scheduler built an
 // impossible batch.
@@ -85,7 +88,7 @@ func (p *Profile) CollectiveTime(b BatchShape) time.Duration {
 		return 0
 	}
 	if n == 0 && prefill == 0 {
-		n = 1
+		n, prefill = dummyToken(p.ExpertParallel.DecodeTokenMs, p.ExpertParallel.PrefillTokenMs)
 	}
 	return msToDuration(p.collectiveMs(n, prefill, b.CrossNode))
 }
@@ -109,7 +112,7 @@ func (p *Profile) stepMs(b BatchShape) float64 {
 		if !ep {
 			return 0
 		}
-		n = 1 // the dummy batch; see StepTime
+		n, prefill = dummyToken(p.Cost.DecodeSeqMs, p.Cost.PrefillTokenMs)
 	}
 	c := p.Cost
 	ms := c.StepBaseMs +
@@ -129,6 +132,15 @@ func (p *Profile) stepMs(b BatchShape) float64 {
 		ms += p.collectiveMs(n, prefill, b.CrossNode)
 	}
 	return ms
+}
+
+// dummyToken is the dummy batch's one token, as (decode, prefill) counts:
+// of the kind whose cost per token is the lower.
+func dummyToken(decodeMs, prefillMs float64) (n, prefill int) {
+	if decodeMs < prefillMs {
+		return 1, 0
+	}
+	return 0, 1
 }
 
 // expectedExperts is the expected number of distinct experts, of the

@@ -57,9 +57,10 @@ chaos-llamacpp: llamacpp
 # join on their own), one after another, FUZZTIME each, one worker. What a
 # target finds is kept under its package's testdata/fuzz/, where go test
 # replays it as a regression case from then on. Go's fuzzer can fail a run
-# with no fault of the code when a worker is starved (golang/go#56238), so
-# a failed target runs once more: a real failure was saved in testdata and
-# fails again at once.
+# with no fault of the code when a worker is starved ("context deadline
+# exceeded" at the -fuzztime deadline, or golang/go#56238), so a failed
+# target runs once more: a real failure was saved in testdata and fails
+# again at once.
 FUZZTIME ?= 2m
 fuzz:
 	@set -e; list=$$(go test -run '^$$' -list '^Fuzz' ./...); \

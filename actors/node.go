@@ -150,6 +150,9 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		}
 		ln.Close()
 		n.remote = remote.NewRemote(system, cfg.Remote)
+		// Start sets gRPC's process-wide logger, which the gRPC goroutines
+		// of any other node of the process read unsynchronized: a process
+		// runs one node with a transport at a time (tests included).
 		n.remote.Start()
 	}
 	topo := cfg.Topology

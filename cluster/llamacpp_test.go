@@ -470,6 +470,12 @@ func TestLlamaCppChatTemplates(t *testing.T) {
 	if code, body := chat(n); code != http.StatusBadRequest || !strings.Contains(body, "--chat-template") {
 		t.Fatalf("chat without a template: %d %s", code, body)
 	}
+	// One node with an actor transport at a time in a process: each start
+	// sets gRPC's global logger (protoactor's remote.Start), which a live
+	// node's gRPC goroutines read unsynchronized.
+	if err := n.run.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
 	tmpl := filepath.Join(t.TempDir(), "chatml.jinja")
 	if err := os.WriteFile(tmpl, []byte(llamacpptest.Template(t, "Qwen-Qwen2.5-7B-Instruct")), 0o644); err != nil {
 		t.Fatal(err)

@@ -18,13 +18,13 @@ type Simulation struct {
 	Seed           uint64
 }
 
-// simulate runs items on the simulated deployment with the named policy,
+// runSim runs items on the simulated deployment with the named policy,
 // under load l: at the items' arrival times, or in a closed loop.
-func simulate(sm Simulation, policy string, items []Item, l Load) (Summary, []Outcome, error) {
+func runSim(sm Simulation, policy string, items []Item, l Load) (*vsim.Result, error) {
 	cfg := sm.Profile.SchedulerConfig()
 	pol, err := dp.NewPolicy(policy, dp.PolicyConfig{APIServers: 1, StepTokens: cfg.MaxNumBatchedTokens, Seed: sm.Seed})
 	if err != nil {
-		return Summary{}, nil, err
+		return nil, err
 	}
 	reqs := make([]vsim.Request, len(items))
 	for i, it := range items {
@@ -34,9 +34,14 @@ func simulate(sm Simulation, policy string, items []Item, l Load) (Summary, []Ou
 	if !l.Open {
 		conc = max(l.Concurrency, 1)
 	}
-	wall := time.Now()
-	res, err := vsim.Run(vsim.Config{Ranks: sm.Ranks, Profile: sm.Profile, Scheduler: cfg, Policy: pol,
+	return vsim.Run(vsim.Config{Ranks: sm.Ranks, Profile: sm.Profile, Scheduler: cfg, Policy: pol,
 		ExpertParallel: sm.ExpertParallel, RanksPerNode: sm.RanksPerNode, Concurrency: conc}, reqs)
+}
+
+// simulate runs items as runSim does and summarizes the run.
+func simulate(sm Simulation, policy string, items []Item, l Load) (Summary, []Outcome, error) {
+	wall := time.Now()
+	res, err := runSim(sm, policy, items, l)
 	if err != nil {
 		return Summary{}, nil, err
 	}

@@ -336,7 +336,9 @@ type PrefixIndex struct {
 	ranks    map[int]*rankBlocks
 	// holders counts the ranks that remember each block, so that a
 	// prompt no rank has seen is told in one lookup, not one per rank.
-	holders map[engine.BlockHash]int
+	// Blocks are keyed by their hash's Key: two blocks that share one
+	// are a wrong guess of what a rank holds, never a wrong answer.
+	holders map[uint64]int
 }
 
 // DefaultPrefixCapacity is about what one H100's KV cache holds of an 8B
@@ -344,14 +346,14 @@ type PrefixIndex struct {
 const DefaultPrefixCapacity = 1 << 15
 
 type rankBlocks struct {
-	used map[engine.BlockHash]uint64
+	used map[uint64]uint64
 	tick uint64
 }
 
 // Match fills matched[i] with how many leading blocks of blocks ranks[i]
 // likely holds, and returns it.
 func (x *PrefixIndex) Match(blocks []engine.BlockHash, ranks []RankLoad, matched []int) []int {
-	if len(blocks) == 0 || x.holders[blocks[0]] == 0 {
+	if len(blocks) == 0 || x.holders[blocks[0].Key()] == 0 {
 		// Block hashes chain, so a rank without the first block holds
 		// none of the prefix.
 		for range ranks {
@@ -363,7 +365,7 @@ func (x *PrefixIndex) Match(blocks []engine.BlockHash, ranks []RankLoad, matched
 		n := 0
 		if rb := x.ranks[r.Rank]; rb != nil {
 			for _, h := range blocks {
-				if _, ok := rb.used[h]; !ok {
+				if _, ok := rb.used[h.Key()]; !ok {
 					break
 				}
 				n++
@@ -378,19 +380,20 @@ func (x *PrefixIndex) Match(blocks []engine.BlockHash, ranks []RankLoad, matched
 func (x *PrefixIndex) Record(rank int, blocks []engine.BlockHash) {
 	if x.ranks == nil {
 		x.ranks = map[int]*rankBlocks{}
-		x.holders = map[engine.BlockHash]int{}
+		x.holders = map[uint64]int{}
 	}
 	rb := x.ranks[rank]
 	if rb == nil {
-		rb = &rankBlocks{used: map[engine.BlockHash]uint64{}}
+		rb = &rankBlocks{used: map[uint64]uint64{}}
 		x.ranks[rank] = rb
 	}
 	rb.tick++
 	for _, h := range blocks {
-		if _, ok := rb.used[h]; !ok {
-			x.holders[h]++
+		k := h.Key()
+		if _, ok := rb.used[k]; !ok {
+			x.holders[k]++
 		}
-		rb.used[h] = rb.tick
+		rb.used[k] = rb.tick
 	}
 	capacity := x.Capacity
 	if capacity <= 0 {
@@ -425,8 +428,8 @@ func (x *PrefixIndex) Forget(rank int) {
 	}
 }
 
-// release notes that one rank no longer remembers h.
-func (x *PrefixIndex) release(h engine.BlockHash) {
+// release notes that one rank no longer remembers the block of key h.
+func (x *PrefixIndex) release(h uint64) {
 	if x.holders[h]--; x.holders[h] <= 0 {
 		delete(x.holders, h)
 	}

@@ -277,7 +277,7 @@ func TestPrefixIndexMatchesEachRanksMemory(t *testing.T) {
 				want := 0
 				if rb := x.ranks[r.Rank]; rb != nil {
 					for _, h := range req.Blocks {
-						if _, ok := rb.used[h]; !ok {
+						if _, ok := rb.used[h.Key()]; !ok {
 							break
 						}
 						want++

@@ -14,6 +14,13 @@ import (
 // a balancer compute the hashes an engine does.
 type BlockHash [sha256.Size]byte
 
+// Key is the hash's first 64 bits: a map key cheaper to hash and compare
+// than the whole. Two hashes may share a key (by chance, or by a client
+// who tried 2^32 prompts); whoever looks a block up by key compares the
+// whole hash, so a shared key costs a cache miss, never a wrong hit, and
+// no client can make another's prefix miss without 2^64 tries.
+func (h BlockHash) Key() uint64 { return binary.LittleEndian.Uint64(h[:8]) }
+
 // HashBlock chains a block's tokens onto the hash of the blocks before it
 // (SaltHash of the request's salt for the first block).
 func HashBlock(parent BlockHash, tokens []uint32) BlockHash {
@@ -96,7 +103,8 @@ type kvCache struct {
 	blocks        []kvBlock
 	head, tail    int32
 	numFree       int
-	byHash        map[BlockHash]int32
+	// byHash finds a findable block by its hash's Key.
+	byHash map[uint64]int32
 	// seqs places KV by sequence; nil when blocks alone place it.
 	seqs *seqTable
 }
@@ -108,7 +116,7 @@ func newKVCache(numBlocks, blockSize int, prefixCaching bool, seqSlots int) *kvC
 		blocks:        make([]kvBlock, numBlocks),
 		head:          noBlock,
 		tail:          noBlock,
-		byHash:        make(map[BlockHash]int32),
+		byHash:        make(map[uint64]int32),
 	}
 	for i := range c.blocks {
 		c.blocks[i].prev, c.blocks[i].next, c.blocks[i].home = noBlock, noBlock, noSeq
@@ -173,7 +181,7 @@ func (c *kvCache) popFree() int32 {
 	c.removeFree(id)
 	b := &c.blocks[id]
 	if c.findable(id) {
-		delete(c.byHash, b.hash)
+		delete(c.byHash, b.hash.Key())
 	}
 	b.cached = false
 	if c.seqs != nil && b.home != noSeq {
@@ -192,7 +200,7 @@ func (c *kvCache) findable(id int32) bool {
 	if !b.cached {
 		return false
 	}
-	found, ok := c.byHash[b.hash]
+	found, ok := c.byHash[b.hash.Key()]
 	return ok && found == id
 }
 
@@ -219,8 +227,9 @@ func (c *kvCache) computedPrefix(req *Request) []int32 {
 	req.extendHashes(c.blockSize, maxBlocks)
 	var hits []int32
 	for i := 0; i < maxBlocks; i++ {
-		id, ok := c.byHash[req.blockHashes[i]]
-		if !ok {
+		h := req.blockHashes[i]
+		id, ok := c.byHash[h.Key()]
+		if !ok || c.blocks[id].hash != h {
 			break
 		}
 		hits = append(hits, id)
@@ -286,8 +295,8 @@ func (c *kvCache) cacheFullBlocks(req *Request) {
 			continue
 		}
 		b.hash, b.cached = h, true
-		if _, dup := c.byHash[h]; !dup {
-			c.byHash[h] = id
+		if _, dup := c.byHash[h.Key()]; !dup {
+			c.byHash[h.Key()] = id
 		}
 	}
 	req.numCachedBlocks = full

@@ -149,7 +149,7 @@ func (c *kvCache) evictOldestKept(running []*Request) bool {
 		if b.refCount == 0 {
 			// Nobody holds it: it leaves the prefix cache with its KV.
 			if c.findable(id) {
-				delete(c.byHash, b.hash)
+				delete(c.byHash, b.hash.Key())
 			}
 			b.cached = false
 			b.home = noSeq

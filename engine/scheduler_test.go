@@ -75,7 +75,7 @@ func checkKVInvariants(t tester, s *Scheduler) {
 		}
 	}
 	for h, id := range s.kv.byHash {
-		if b := &s.kv.blocks[id]; !b.cached || b.hash != h {
+		if b := &s.kv.blocks[id]; !b.cached || b.hash.Key() != h {
 			t.Fatalf("hash index points at block %d which does not hold that hash", id)
 		}
 	}

@@ -41,6 +41,7 @@ type options struct {
 	capacity    float64
 	saturation  int
 	maxInFlight int
+	burst       int
 	requests    int
 	duration    time.Duration
 	timeout     time.Duration
@@ -112,6 +113,7 @@ and wave logic over --ranks simulated ranks in virtual time instead.`,
 	f.Float64SliceVar(&o.loads, "load", nil, "open loop at these shares of the capacity (0.8: 80%), one run each")
 	f.Float64Var(&o.capacity, "capacity", 0, "the capacity --load refers to, in requests/s (default: measured in a closed loop first)")
 	f.IntVar(&o.saturation, "saturation-concurrency", 0, "clients of the closed loop that measures the capacity (default 256: one rank's --max-num-seqs)")
+	f.IntVar(&o.burst, "burst", 1, "open loop: requests arrive in bursts of this many at the same instant, at the same mean rate")
 	f.IntVar(&o.maxInFlight, "max-concurrency", 0, "cap on requests in flight in an open loop; later ones wait (0: none)")
 	f.IntVar(&o.requests, "requests", 500, "requests per run")
 	f.DurationVar(&o.duration, "duration", 0, "stop sending after this long in each run (0: when the requests are sent)")
@@ -257,7 +259,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 			l.MaxInFlight, l.Duration, l.Timeout = o.maxInFlight, o.duration, o.timeout
 			items := slices.Clone(base)
 			if l.Rate > 0 {
-				Poisson(items, l.Rate, o.seed)
+				Bursts(items, l.Rate, o.burst, o.seed)
 			}
 			name := policy
 			if o.label != "" {
@@ -358,6 +360,8 @@ func (o *options) check() error {
 		return errors.New("--policy chooses simulated policies; against an endpoint, the server's --balance-policy decides")
 	case o.timeout <= 0:
 		return errors.New("--timeout must be positive")
+	case o.burst < 1:
+		return fmt.Errorf("--burst must be at least 1, got %d", o.burst)
 	}
 	for _, r := range o.rates {
 		if r <= 0 {

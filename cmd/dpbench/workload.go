@@ -172,10 +172,22 @@ func fit(items []Item, maxModelLen int) []Item {
 
 // Poisson spaces items as arrivals at rate per second.
 func Poisson(items []Item, rate float64, seed uint64) {
+	Bursts(items, rate, 1, seed)
+}
+
+// Bursts spaces items as bursts of burst requests that arrive at the same
+// instant, the bursts a Poisson process at rate/burst per second: the same
+// mean rate as Poisson's, in the shape vLLM's tests send (200 at once),
+// which is where balancing on snapshots goes stale. A burst of 1 is
+// Poisson.
+func Bursts(items []Item, rate float64, burst int, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 0xa77))
+	burst = max(burst, 1)
 	var at time.Duration
 	for i := range items {
-		at += time.Duration(rng.ExpFloat64() / rate * float64(time.Second))
+		if i%burst == 0 {
+			at += time.Duration(rng.ExpFloat64() * float64(burst) / rate * float64(time.Second))
+		}
 		items[i].Arrival = at
 	}
 }

@@ -84,6 +84,20 @@ func fmtIDs(ids []uint32) string {
 	return b.String()
 }
 
+func TestBurstsArriveTogetherAtTheSameMeanRate(t *testing.T) {
+	items := make([]Item, 40000)
+	Bursts(items, 50, 200, 1)
+	for i := range items {
+		if first := items[i/200*200].Arrival; items[i].Arrival != first {
+			t.Fatalf("request %d arrives at %v, its burst at %v", i, items[i].Arrival, first)
+		}
+	}
+	mean := items[len(items)-1].Arrival.Seconds() / float64(len(items)-200)
+	if mean < 0.018 || mean > 0.022 {
+		t.Fatalf("mean gap %.4fs at 50/s in bursts of 200, want about 0.02", mean)
+	}
+}
+
 func TestPoissonSpacing(t *testing.T) {
 	items := make([]Item, 20000)
 	Poisson(items, 50, 1)

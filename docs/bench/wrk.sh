@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runtime overhead measured from outside: wrk (64 connections, 2 threads,
+# 10 s) posts whole-response completions of a 16-token token-id prompt and
+# 16 output tokens to dpnode (two ranks, zero-cost executor) and to the bare
+# Go server, one after the other, three times. dpnode's share of the bare
+# limit is what issue 12 asks to raise to 0.7. Needs wrk (apt-get install
+# wrk).
+source "$(dirname "$0")/common.sh"
+command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
+"$DPNODE" join --host 127.0.0.1 --port 18000 --bind 127.0.0.1:17946 --data-parallel-rpc-port 0 \
+  --sim-time-scale 0 --max-pending-requests 4096 --log-level warn 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!)
+"$DPBENCH" bare --listen 127.0.0.1:18001 >/dev/null & PIDS+=($!)
+wait_http http://127.0.0.1:18000/health
+wait_http http://127.0.0.1:18001/v1/models
+lua=/tmp/dpnode-bench/post.lua
+cat >"$lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"prompt":[1000,1001,1002,1003,1004,1005,1006,1007,1008,1009,1010,1011,1012,1013,1014,1015],"max_tokens":16,"ignore_eos":true}'
+LUA
+for run in 1 2 3; do
+  for target in bare:18001 dpnode:18000; do
+    name=${target%:*} port=${target#*:}
+    out=$(wrk -t2 -c64 -d10s -s "$lua" "http://127.0.0.1:$port/v1/completions")
+    # Every answer must be a 200: a refusal is fast and would flatter.
+    if grep -q "Non-2xx" <<<"$out"; then echo "$name answered other than 200: $out" >&2; exit 1; fi
+    echo "run $run $name $(awk '/Requests\/sec/ {print $2}' <<<"$out") req/s"
+  done
+done | tee "$OUT/wrk.txt"

@@ -366,10 +366,9 @@ func (a *APIServerActor) pick(c *call) (*rankState, error) {
 		r := a.byRank[rank]
 		c.cached = 0
 		switch {
-		case r != nil && r.failed:
-			return nil, fmt.Errorf("%w: rank %d", ErrRankFailed, rank)
-		case r != nil && r.lost:
-			return nil, fmt.Errorf("%w: rank %d (node %s)", ErrRankLost, rank, r.node)
+		case r != nil && (r.failed || r.lost):
+			_, err := r.gone()
+			return nil, err
 		case r != nil && r.ready:
 			return r, nil
 		case r != nil || (a.cfg.BalanceRemote && rank >= 0 && rank < a.cfg.DataParallelSize):
@@ -404,11 +403,8 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 	r, err := a.pick(c)
 	if err != nil {
 		reason := "rank_not_served"
-		switch {
-		case errors.Is(err, ErrRankFailed):
-			reason = "rank_failed"
-		case errors.Is(err, ErrRankLost):
-			reason = "rank_lost"
+		if pinned := a.byRank[c.sub.Rank]; pinned != nil && (pinned.failed || pinned.lost) {
+			reason, _ = pinned.gone()
 		}
 		a.fail(c, err, reason)
 		return

@@ -180,6 +180,15 @@ func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 	r.timer = time.AfterFunc(delay, msg.restart)
 }
 
+// gone is the reason label and the error of a request pinned to r that
+// fails at once; for a rank that failed or was lost.
+func (r *rankState) gone() (reason string, err error) {
+	if r.failed {
+		return "rank_failed", fmt.Errorf("%w: rank %d", ErrRankFailed, r.rank)
+	}
+	return "rank_lost", fmt.Errorf("%w: rank %d (node %s)", ErrRankLost, r.rank, r.node)
+}
+
 // failPinned ends the parked requests pinned to a rank that failed or was
 // lost: it will not come back soon, and they would otherwise wait out the
 // park timeout for nothing.
@@ -188,11 +197,8 @@ func (a *APIServerActor) failPinned(r *rankState) {
 		if c.sub.Rank != r.rank {
 			return false
 		}
-		if r.failed {
-			a.fail(c, fmt.Errorf("%w: rank %d", ErrRankFailed, r.rank), "rank_failed")
-		} else {
-			a.fail(c, fmt.Errorf("%w: rank %d (node %s)", ErrRankLost, r.rank, r.node), "rank_lost")
-		}
+		reason, err := r.gone()
+		a.fail(c, err, reason)
 		return true
 	})
 	a.cfg.Metrics.parked.Set(float64(len(a.parked)))

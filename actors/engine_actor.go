@@ -332,7 +332,7 @@ func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest, sender *a
 	}
 	// Hashes are trusted only from this process: hashes that do not name
 	// their tokens would serve one prompt another's cached KV.
-	if sender != nil && sender.Address == ctx.Self().Address {
+	if sender.Address == ctx.Self().Address {
 		nr.BlockHashes = unpackHashes(msg.PromptBlockHashes)
 	}
 	err := e.sched.Add(nr)

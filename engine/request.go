@@ -79,7 +79,8 @@ type NewRequest struct {
 	// BlockHashes, when set, are the hashes of the prompt's leading full
 	// blocks (PrefixHashes of Prompt and CacheSalt) as the caller already
 	// computed them, so that no block is hashed twice in a process. The
-	// scheduler trusts them.
+	// scheduler trusts them, and keeps the slice: the caller must not
+	// change it.
 	BlockHashes []BlockHash
 }
 
@@ -158,9 +159,11 @@ func (r *Request) extendHashes(blockSize, n int) {
 		for j := i * blockSize; j < (i+1)*blockSize; j++ {
 			buf = append(buf, r.tokenAt(j))
 		}
-		parent := SaltHash(r.salt)
+		var parent BlockHash
 		if i > 0 {
 			parent = r.blockHashes[i-1]
+		} else {
+			parent = SaltHash(r.salt)
 		}
 		r.blockHashes = append(r.blockHashes, HashBlock(parent, buf))
 	}

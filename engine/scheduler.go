@@ -212,7 +212,9 @@ func (s *Scheduler) Add(nr NewRequest) error {
 		seq:        noSeq,
 	}
 	if n := len(nr.BlockHashes); n > 0 && n <= len(nr.Prompt)/s.cfg.BlockSize {
-		req.blockHashes = slices.Clone(nr.BlockHashes)
+		// Capacity cut to the length: the request's own blocks append to
+		// a copy, never into the caller's array.
+		req.blockHashes = nr.BlockHashes[:n:n]
 	}
 	s.requests[req.id] = req
 	s.waiting = append(s.waiting, req)

@@ -73,9 +73,7 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 	case p.StreamOptions != nil && !p.Stream:
 		return nil, badRequest("stream_options can only be set when stream is true", "stream_options")
 	}
-	if e := checkLists(p); e != nil {
-		return nil, e
-	}
+	// Both endpoints ran checkLists before tokenizing.
 	if e := s.checkTokenIDs(p.StopTokenIDs, "stop_token_ids"); e != nil {
 		return nil, e
 	}

@@ -24,9 +24,6 @@ type ModelInfo struct {
 	BOSToken, EOSToken string
 	// Bytes is the file's size, about what its weights take in memory.
 	Bytes int64
-	// MaxTokenBytes bounds the text one token stands for (see
-	// engine.Vocabulary).
-	MaxTokenBytes int
 	// F32 is set for a model whose weights are all F32 (general.file_type
 	// 0): its KV cache is F32 too, as vLLM's follows the model's dtype.
 	F32 bool
@@ -64,7 +61,6 @@ func InspectModel(path string) (*ModelInfo, error) {
 		return nil, fmt.Errorf("the model file %s has no tokenizer (tokenizer.ggml.tokens)", path)
 	}
 	info.VocabSize = len(tokens.Values)
-	info.MaxTokenBytes = maxTokenBytes(tokens)
 	if len(g.Tensors) == 0 {
 		return nil, fmt.Errorf("the model file %s has no weights: it holds a tokenizer only", path)
 	}

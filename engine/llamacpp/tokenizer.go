@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/dpnode/dpnode/engine/gguf"
 	"sync"
 	"time"
 
 	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/engine/gguf"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 

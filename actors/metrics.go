@@ -41,6 +41,7 @@ type Metrics struct {
 	collectiveWait, waveStart *prometheus.HistogramVec
 	parked                    prometheus.Gauge
 	snapshots                 prometheus.Counter
+	nodesFoundGone            prometheus.Counter
 }
 
 // NewMetrics registers a node's series on reg.
@@ -96,10 +97,12 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 			Help: "Requests waiting for a rank to become available.", ConstLabels: prometheus.Labels{"model_name": model}}),
 		snapshots: prometheus.NewCounter(prometheus.CounterOpts{Name: "dpnode_load_snapshots_total",
 			Help: "Load snapshots published by this node's coordinator."}),
+		nodesFoundGone: prometheus.NewCounter(prometheus.CounterOpts{Name: "dpnode_nodes_found_gone_total",
+			Help: "Peers this node found gone (their actor port refused connections) before gossip declared them dead."}),
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.success, m.promptTokens, m.generation,
 		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.computed, m.executorTime, m.stepTime, m.ttft, m.itl, m.e2e, m.restarts,
-		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.engineFailed, m.parked, m.snapshots,
+		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.engineFailed, m.parked, m.snapshots, m.nodesFoundGone,
 		m.waves, m.dummySteps, m.waveDuration, m.balance, m.collectiveWait, m.waveStart)
 	return m
 }

@@ -9,9 +9,11 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/asynkron/protoactor-go/eventstream"
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -349,6 +351,18 @@ type membershipReady struct{}
 // what it knows: the members and the coordinator.
 type apiServerStarted struct{}
 
+// endpointLost tells the node that the actor transport lost its
+// connection to a peer's address; peerGone, that the peer's port refused
+// a connection since: its process is gone.
+type endpointLost struct {
+	address string
+}
+
+type peerGone struct {
+	name, address string
+	err           error
+}
+
 // dropRanks tells the coordinator that ranks left the cluster.
 type dropRanks struct {
 	ranks []int
@@ -382,11 +396,21 @@ type nodeActor struct {
 	coordAddr  string
 	coordEpoch uint64
 	coordTold  bool
+	// deposed is the coordinator this node stopped, until it has.
+	deposed *actor.PID
 	// fail reports that the node cannot serve any more.
 	fail     func(error)
 	stopping bool
 	// electing is false until the node knows its cluster.
 	electing bool
+	// gone are the members whose process was found gone before gossip
+	// declared them dead, with what they gossiped last; gossip about them
+	// is ignored until it declares them dead too.
+	gone map[string]*dpnodev1.NodeMeta
+	// probing are the addresses being probed.
+	probing map[string]bool
+	// endpoints delivers the actor transport's lost connections.
+	endpoints *eventstream.Subscription
 }
 
 func (n *nodeActor) Receive(ctx actor.Context) {
@@ -395,6 +419,17 @@ func (n *nodeActor) Receive(ctx actor.Context) {
 		n.start(ctx)
 	case *actor.Stopping:
 		n.stopping = true
+		if n.endpoints != nil {
+			ctx.ActorSystem().EventStream.Unsubscribe(n.endpoints)
+		}
+	case *endpointLost:
+		n.probe(ctx, msg.address)
+	case *peerGone:
+		n.peerGone(ctx, msg)
+	case *recheckGone:
+		if m := n.gone[msg.name]; m != nil {
+			n.probeMember(ctx, msg.name, m.ActorAddress)
+		}
 	case *actor.Terminated:
 		n.terminated(ctx, msg.Who)
 	case *MemberEvent:
@@ -419,6 +454,10 @@ func (n *nodeActor) Receive(ctx actor.Context) {
 		// any other coordinator are not this node's to follow.
 		if msg.ActorAddress != "" && msg.ActorAddress == n.coordAddr && msg.Epoch == n.coordEpoch {
 			ctx.Send(n.api, msg)
+		} else if msg.Epoch > n.coordEpoch && n.coordAddr != "" && n.coordAddr != n.self.ActorAddress {
+			// Another node runs a newer coordinator: it may know that
+			// the one this node follows is gone. Look for itself.
+			n.probe(ctx, n.coordAddr)
 		}
 	case *getChildren:
 		ctx.Respond(&children{apiServer: n.api})
@@ -472,6 +511,14 @@ func (n *nodeActor) start(ctx actor.Context) {
 	}
 	n.api = api
 	n.electing = !cfg.AwaitMembership
+	n.gone, n.probing = map[string]*dpnodev1.NodeMeta{}, map[string]bool{}
+	self, system := ctx.Self(), ctx.ActorSystem()
+	n.endpoints = system.EventStream.SubscribeWithPredicate(func(ev any) {
+		system.Root.Send(self, &endpointLost{address: ev.(*remote.EndpointTerminatedEvent).Address})
+	}, func(ev any) bool {
+		_, ok := ev.(*remote.EndpointTerminatedEvent)
+		return ok
+	})
 	n.reelect(ctx)
 }
 
@@ -487,36 +534,163 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 	}
 	switch ev.Kind {
 	case MemberJoined, MemberUpdated:
+		if n.gone[ev.Name] != nil {
+			return
+		}
 		n.members[ev.Name] = ev.Meta
 		ctx.Send(n.api, &nodeUp{name: ev.Name, meta: ev.Meta})
 	case MemberLeft:
-		left, known := n.members[ev.Name]
-		if !known {
-			return
-		}
-		delete(n.members, ev.Name)
-		if n.coord != nil && left.LocalSize > 0 {
-			// Its ranks will not report again: the waves go on without
-			// them now rather than after a collective timeout.
-			var ranks []int
-			for r := int(left.StartRank); r < int(left.StartRank+left.LocalSize); r++ {
-				ranks = append(ranks, r)
-			}
-			ctx.Send(n.coord, &dropRanks{ranks: ranks})
-		}
-		// Gossip declared the node dead or gone: whoever watches its
-		// actors hears Terminated now, not when a TCP timeout fires (a
-		// hung process keeps its connections open). Not when a new
-		// incarnation already holds the address (a node restarted before
-		// its death was declared): that would cut the new one's
-		// connections, and the messages on them.
-		if addr := ev.Meta.ActorAddress; addr != "" && !slices.ContainsFunc(slices.Collect(maps.Values(n.members)),
-			func(m *dpnodev1.NodeMeta) bool { return m.ActorAddress == addr }) {
-			ctx.ActorSystem().EventStream.Publish(&remote.EndpointTerminatedEvent{Address: addr})
-		}
-		ctx.Send(n.api, &nodeDown{name: ev.Name})
+		delete(n.gone, ev.Name)
+		n.memberGone(ctx, ev.Name)
 	}
 	n.reelect(ctx)
+}
+
+// memberGone forgets a member that left, was declared dead by gossip or
+// was found gone: the coordinator stops waiting for its ranks, whoever
+// watches its actors hears Terminated, and the API server stops sending
+// to it.
+func (n *nodeActor) memberGone(ctx actor.Context, name string) {
+	left, known := n.members[name]
+	if !known {
+		return
+	}
+	delete(n.members, name)
+	if n.coord != nil && left.LocalSize > 0 {
+		// Its ranks will not report again: the waves go on without
+		// them now rather than after a collective timeout.
+		var ranks []int
+		for r := int(left.StartRank); r < int(left.StartRank+left.LocalSize); r++ {
+			ranks = append(ranks, r)
+		}
+		ctx.Send(n.coord, &dropRanks{ranks: ranks})
+	}
+	// Whoever watches its actors hears Terminated now, not when a TCP
+	// timeout fires (a hung process keeps its connections open). Not when
+	// a new incarnation already holds the address (a node restarted
+	// before its death was declared): that would cut the new one's
+	// connections, and the messages on them.
+	if addr := left.ActorAddress; addr != "" && !slices.ContainsFunc(slices.Collect(maps.Values(n.members)),
+		func(m *dpnodev1.NodeMeta) bool { return m.ActorAddress == addr }) {
+		ctx.ActorSystem().EventStream.Publish(&remote.EndpointTerminatedEvent{Address: addr})
+	}
+	ctx.Send(n.api, &nodeDown{name: name})
+}
+
+// probe asks whether the process of the member at a peer address is
+// still there, after the actor transport lost its connection to it (or
+// another node elected a newer coordinator). Gossip takes seconds to tell
+// a dead node from a slow one, since silence is all it hears; a refused
+// connection is a stronger signal. The kernel of a live host refuses a
+// connection to a port nobody listens on, which is what a killed process
+// leaves, while a stopped or overloaded process still has its connections
+// accepted by the kernel. So a refusal is taken as death at once, and
+// anything else (accepted, timed out, unreachable) is left to gossip.
+func (n *nodeActor) probe(ctx actor.Context, addr string) {
+	var name string
+	for nm, m := range n.members {
+		if nm != n.cfg.Name && m.ActorAddress == addr {
+			name = nm
+		}
+	}
+	if name != "" {
+		n.probeMember(ctx, name, addr)
+	}
+}
+
+func (n *nodeActor) probeMember(ctx actor.Context, name, addr string) {
+	if addr == "" || addr == n.self.ActorAddress || n.probing[addr] || n.stopping {
+		return
+	}
+	n.probing[addr] = true
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	go func() {
+		err := probeRefused(addr)
+		root.Send(self, &peerGone{name: name, address: addr, err: err})
+	}()
+}
+
+// Probes of a lost peer: a few, because a killed process's connections
+// may close a moment before its listening socket does.
+const (
+	probeTries    = 3
+	probeInterval = 50 * time.Millisecond
+	probeTimeout  = 500 * time.Millisecond
+)
+
+// probeRefused returns the error of a connection to addr that was
+// refused, or nil when the port accepted or did not answer.
+func probeRefused(addr string) error {
+	for i := range probeTries {
+		if i > 0 {
+			time.Sleep(probeInterval)
+		}
+		c, err := net.DialTimeout("tcp", addr, probeTimeout)
+		if err == nil {
+			c.Close()
+			continue
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return err
+		}
+		return nil
+	}
+	return nil
+}
+
+// goneRecheck is how long a member found gone stays gone while gossip
+// still has it alive, before it is probed again: a refusal that was not a
+// death (a firewall that rejects, say) costs the member this long, not
+// forever.
+const goneRecheck = 15 * time.Second
+
+type recheckGone struct {
+	name string
+}
+
+// peerGone acts on a probe: a member whose port refused connections is
+// gone for this node, as if gossip had declared it dead, until gossip
+// does. One found gone that answers a later probe, while gossip never
+// declared it dead, is a member again.
+func (n *nodeActor) peerGone(ctx actor.Context, msg *peerGone) {
+	delete(n.probing, msg.address)
+	if n.stopping {
+		return
+	}
+	if meta := n.gone[msg.name]; meta != nil {
+		if msg.err != nil {
+			n.recheckLater(ctx, msg.name)
+			return
+		}
+		if slices.ContainsFunc(slices.Collect(maps.Values(n.members)), func(m *dpnodev1.NodeMeta) bool { return m.ActorAddress == msg.address }) {
+			// A new incarnation answers at the address: the one found
+			// gone stays gone until gossip says so too.
+			return
+		}
+		n.cfg.Logger.Warn("a node found gone answers again, and gossip never declared it dead; it is a member again",
+			"node", msg.name, "address", msg.address)
+		delete(n.gone, msg.name)
+		n.members[msg.name] = meta
+		ctx.Send(n.api, &nodeUp{name: msg.name, meta: meta})
+		n.reelect(ctx)
+		return
+	}
+	m, known := n.members[msg.name]
+	if msg.err == nil || !known || m.ActorAddress != msg.address {
+		return
+	}
+	n.cfg.Logger.Warn("a node's process is gone: its actor port refuses connections; not waiting for gossip",
+		"node", msg.name, "address", msg.address, "error", msg.err)
+	n.metrics.nodesFoundGone.Inc()
+	n.gone[msg.name] = m
+	n.memberGone(ctx, msg.name)
+	n.recheckLater(ctx, msg.name)
+	n.reelect(ctx)
+}
+
+func (n *nodeActor) recheckLater(ctx actor.Context, name string) {
+	self, root := ctx.Self(), ctx.ActorSystem().Root
+	time.AfterFunc(goneRecheck, func() { root.Send(self, &recheckGone{name: name}) })
 }
 
 // reelect runs the election on the members this node sees, starts or
@@ -552,8 +726,16 @@ func (n *nodeActor) reelect(ctx actor.Context) {
 		}
 	case !mine && n.coord != nil:
 		n.cfg.Logger.Info("this node stops its coordinator", "leader", e.Leader.Name, "quorum", e.Quorum)
-		ctx.Stop(n.coord)
-		n.coord = nil
+		// Poison, not Stop: what was sent to it before (the ranks of a
+		// node that just left) is handled first, so the group it leaves
+		// behind has no dead ranks in it. The API server, and through it
+		// the engines, hear that it is gone once it is: a group it sends
+		// on its way out is still its epoch's, and heard.
+		ctx.Poison(n.coord)
+		n.deposed, n.coord = n.coord, nil
+	}
+	if n.deposed != nil {
+		return
 	}
 	addr, epoch := "", uint64(0)
 	if e.Quorum {
@@ -597,6 +779,9 @@ func (n *nodeActor) terminated(ctx actor.Context, who *actor.PID) {
 	// election decides whether one runs here again.
 	if n.coord != nil && who.Equal(n.coord) {
 		n.coord = nil
+	}
+	if n.deposed != nil && who.Equal(n.deposed) {
+		n.deposed = nil
 	}
 	n.reelect(ctx)
 }

@@ -56,7 +56,7 @@ func TestMain(m *testing.M) {
 
 // proc is one dpnode process.
 type proc struct {
-	t    *testing.T
+	t    testing.TB
 	cmd  *exec.Cmd
 	ip   string
 	name string
@@ -115,7 +115,7 @@ func nodeArgs(ip string, extra ...string) []string {
 
 // startProc runs dpnode with args on ip and waits until it serves, or
 // returns the error it exited with when wantFail.
-func startProc(t *testing.T, ip string, args ...string) *proc {
+func startProc(t testing.TB, ip string, args ...string) *proc {
 	t.Helper()
 	p, err := launch(t, ip, args...)
 	if err != nil {
@@ -124,7 +124,7 @@ func startProc(t *testing.T, ip string, args ...string) *proc {
 	return p
 }
 
-func launch(t *testing.T, ip string, args ...string) (*proc, error) {
+func launch(t testing.TB, ip string, args ...string) (*proc, error) {
 	t.Helper()
 	p := &proc{t: t, ip: ip, logs: &logBuffer{added: make(chan struct{}, 1)}, done: make(chan struct{})}
 	p.cmd = exec.Command(dpnodeBin, args...)
@@ -145,9 +145,7 @@ func launch(t *testing.T, ip string, args ...string) (*proc, error) {
 		close(p.done)
 	}()
 	t.Cleanup(func() {
-		_ = p.cmd.Process.Signal(syscall.SIGCONT)
-		_ = p.cmd.Process.Kill()
-		<-p.done
+		p.kill()
 		if t.Failed() {
 			t.Logf("log of dpnode on %s:\n%s", ip, p.logs)
 		}
@@ -192,6 +190,13 @@ func (p *proc) waitLog(pattern string, timeout time.Duration) string {
 			p.t.Fatalf("dpnode on %s logged no line matching %q within %v", p.ip, pattern, timeout)
 		}
 	}
+}
+
+// kill ends the process now and waits for it.
+func (p *proc) kill() {
+	_ = p.cmd.Process.Signal(syscall.SIGCONT)
+	_ = p.cmd.Process.Kill()
+	<-p.done
 }
 
 func (p *proc) signal(s syscall.Signal) {
@@ -271,7 +276,7 @@ func (p *proc) metric(name string, want map[string]string) float64 {
 	body, _ := io.ReadAll(resp.Body)
 	total := 0.0
 	for _, line := range strings.Split(string(body), "\n") {
-		if !strings.HasPrefix(line, name+"{") {
+		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
 			continue
 		}
 		ok := true

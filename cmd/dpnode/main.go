@@ -198,7 +198,7 @@ calibrated simulated executor.`,
 	f.StringVar(&o.Advertise, "advertise", "", "address (host[:port]) other nodes reach this one at (default: the bind host, or a private IP)")
 	f.IntVar(&o.RPCPort, "data-parallel-rpc-port", o.RPCPort, "port of the actor transport between nodes")
 	f.StringVar(&o.GossipKey, "gossip-key", os.Getenv("DPNODE_GOSSIP_KEY"), "base64 key (16, 24 or 32 bytes) that encrypts gossip (default: $DPNODE_GOSSIP_KEY)")
-	f.StringVar(&o.GossipProfile, "gossip-profile", o.GossipProfile, "gossip timings: lan, or local for nodes on one machine (faster failure detection)")
+	f.StringVar(&o.GossipProfile, "gossip-profile", o.GossipProfile, "gossip timings: lan, or local for nodes on one machine (a full state sync every 2 s)")
 	f.StringVar(&o.TLS.Cert, "cluster-tls-cert", "", "PEM certificate of this node for the actor transport (mutual TLS)")
 	f.StringVar(&o.TLS.Key, "cluster-tls-key", "", "PEM private key of --cluster-tls-cert")
 	f.StringVar(&o.TLS.CA, "cluster-tls-ca", "", "PEM certificate of the cluster CA that signs every node's certificate")

@@ -100,6 +100,21 @@ func TestAdminDrainNeedsAnAdminKeyOrALocalCaller(t *testing.T) {
 		if rec.Code != tc.code || (drained > before) != (tc.code == http.StatusAccepted) {
 			t.Errorf("%s: %d, drain started %v; want %d", tc.name, rec.Code, drained > before, tc.code)
 		}
+		// Go's profiles are an admin route too.
+		req = httptest.NewRequest(http.MethodGet, "/debug/pprof/goroutine?debug=1", nil)
+		req.RemoteAddr = tc.remote
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		rec = httptest.NewRecorder()
+		newServer(tc.apiKey, tc.adminKey).Handler().ServeHTTP(rec, req)
+		want := tc.code
+		if want == http.StatusAccepted {
+			want = http.StatusOK
+		}
+		if rec.Code != want || (want == http.StatusOK) != strings.Contains(rec.Body.String(), "goroutine profile") {
+			t.Errorf("%s: /debug/pprof/goroutine: %d; want %d", tc.name, rec.Code, want)
+		}
 	}
 	// While draining, new work is refused and /health says so.
 	s := newServer("", "")

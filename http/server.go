@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -134,6 +135,14 @@ func New(cfg Config) (*Server, error) {
 	r.Get("/version", s.version)
 	r.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
 	s.debugRoutes(r)
+	// Go's profiles, for the admin: CPU, heap, allocations, goroutines.
+	r.With(s.adminOnly).Route("/debug/pprof", func(r chi.Router) {
+		r.Get("/cmdline", pprof.Cmdline)
+		r.Get("/profile", pprof.Profile)
+		r.Get("/symbol", pprof.Symbol)
+		r.Get("/trace", pprof.Trace)
+		r.Get("/*", pprof.Index)
+	})
 	if cfg.MetricsOnly {
 		r.With(s.authenticate).Get("/v1/cluster", s.cluster)
 		s.router = r

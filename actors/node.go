@@ -610,30 +610,34 @@ func (n *nodeActor) probeMember(ctx actor.Context, name, addr string) {
 	}()
 }
 
-// Probes of a lost peer: a few, because a killed process's connections
-// may close a moment before its listening socket does.
+// Probes of a lost peer: several, because a killed process's connections
+// may drop a moment before its listening socket closes (a connection made
+// then is accepted, or reset), and because a probe costs one connection
+// the kernel accepts.
 const (
-	probeTries    = 3
+	probeTries    = 10
 	probeInterval = 50 * time.Millisecond
 	probeTimeout  = 500 * time.Millisecond
 )
 
 // probeRefused returns the error of a connection to addr that was
-// refused, or nil when the port accepted or did not answer.
+// refused. It returns nil when the port stayed open through every try, or
+// did not answer one (silence is gossip's to judge).
 func probeRefused(addr string) error {
 	for i := range probeTries {
 		if i > 0 {
 			time.Sleep(probeInterval)
 		}
 		c, err := net.DialTimeout("tcp", addr, probeTimeout)
-		if err == nil {
+		var ne net.Error
+		switch {
+		case err == nil:
 			c.Close()
-			continue
-		}
-		if errors.Is(err, syscall.ECONNREFUSED) {
+		case errors.Is(err, syscall.ECONNREFUSED):
 			return err
+		case errors.As(err, &ne) && ne.Timeout():
+			return nil
 		}
-		return nil
 	}
 	return nil
 }

@@ -156,6 +156,10 @@ func BenchmarkFailover(b *testing.B) {
 				b.Fatalf("no new coordinator within 15 s of kill -9")
 			}
 			epoch.add(at.Sub(killed))
+			if at.Sub(killed) > 500*time.Millisecond {
+				// What B heard, for a slow try.
+				b.Logf("slow try: new epoch %v after the kill; B's log:\n%s", at.Sub(killed), c.b.logs)
+			}
 			if line, _ := c.b.logs.find(reMoved, 0); line != "" {
 				move.add(logTime(b, line).Sub(killed))
 			}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"math"
 )
 
 // promptField is a completion prompt: a string, a list of strings, a list
@@ -29,25 +30,76 @@ func (p *promptField) UnmarshalJSON(b []byte) error {
 		p.texts = []string{s}
 		return nil
 	}
-	var raw []json.RawMessage
-	if err := json.Unmarshal(b, &raw); err != nil {
+	if len(b) == 0 || b[0] != '[' {
 		return errors.New("prompt must be a string, a list of strings, a list of token ids or a list of such lists")
 	}
-	if len(raw) == 0 {
+	// The first element's first byte tells the list's kind: the
+	// decoder runs once, on the right type.
+	switch first := bytes.TrimLeft(b[1:], " \t\r\n"); {
+	case len(first) > 0 && first[0] == ']':
 		return errors.New("prompt must not be an empty list")
-	}
-	switch first := bytes.TrimSpace(raw[0]); {
 	case len(first) > 0 && first[0] == '"':
-		return json.Unmarshal(b, &p.texts)
+		if err := json.Unmarshal(b, &p.texts); err != nil {
+			return errors.New("prompt must be a string, a list of strings, a list of token ids or a list of such lists")
+		}
+		return nil
 	case len(first) > 0 && first[0] == '[':
-		return json.Unmarshal(b, &p.tokens)
+		if err := json.Unmarshal(b, &p.tokens); err != nil {
+			return errors.New("prompt must be a string, a list of strings, a list of token ids or a list of such lists")
+		}
+		return nil
 	default:
-		var ids []uint32
-		if err := json.Unmarshal(b, &ids); err != nil {
+		ids, ok := tokenIDs(b)
+		if !ok {
 			return errors.New("prompt token ids must be non-negative integers")
 		}
 		p.tokens = [][]uint32{ids}
 		return nil
+	}
+}
+
+// tokenIDs reads a JSON list of non-negative integers that fit in 32 bits,
+// the common prompt of a benchmark or a client that tokenizes itself, without
+// reflection. It reports false for anything else (a fraction, an exponent,
+// a sign, a number too large, another element), which the caller refuses.
+func tokenIDs(b []byte) ([]uint32, bool) {
+	ids := make([]uint32, 0, bytes.Count(b, []byte(","))+1)
+	i := 1 // past '['
+	skip := func() {
+		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+			i++
+		}
+	}
+	for {
+		skip()
+		start := i
+		var v uint64
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			v = v*10 + uint64(b[i]-'0')
+			if v > math.MaxUint32 {
+				return nil, false
+			}
+			i++
+		}
+		// JSON allows no leading zero but in 0 itself.
+		if i == start || (b[start] == '0' && i-start > 1) {
+			return nil, false
+		}
+		ids = append(ids, uint32(v))
+		skip()
+		if i >= len(b) {
+			return nil, false
+		}
+		switch b[i] {
+		case ',':
+			i++
+		case ']':
+			i++
+			skip()
+			return ids, i == len(b)
+		default:
+			return nil, false
+		}
 	}
 }
 

@@ -3,7 +3,6 @@ package engine
 import (
 	"crypto/sha256"
 	"encoding/binary"
-	"hash/fnv"
 )
 
 // BlockHash names a full KV block by its tokens, every token before it,
@@ -60,22 +59,34 @@ func PrefixHashes(tokens []uint32, blockSize int, salt string) []BlockHash {
 	return hs
 }
 
-// fnvTokens is FNV-1a over a seed and tokens: a fast hash for keys that
-// no client can gain anything by colliding.
+// FNV-1a's 64-bit parameters (hash/fnv's).
+const (
+	fnvOffset64 = 14695981039346656037
+	fnvPrime64  = 1099511628211
+)
+
+// fnvTokens is FNV-1a over a seed and tokens, each little-endian: a fast
+// hash for keys that no client can gain anything by colliding. It is
+// hash/fnv's New64a over those bytes, written out: a simulated run hashes
+// every prompt, and the interface call per token cost more than the hash.
 func fnvTokens(seed uint64, tokens []uint32) uint64 {
-	h := fnv.New64a()
-	var buf [8]byte
-	binary.LittleEndian.PutUint64(buf[:], seed)
-	h.Write(buf[:])
-	for _, t := range tokens {
-		binary.LittleEndian.PutUint32(buf[:4], t)
-		h.Write(buf[:4])
+	h := uint64(fnvOffset64)
+	for i := 0; i < 64; i += 8 {
+		h = (h ^ (seed >> i & 0xff)) * fnvPrime64
 	}
-	return h.Sum64()
+	for _, t := range tokens {
+		h = (h ^ uint64(t&0xff)) * fnvPrime64
+		h = (h ^ uint64(t>>8&0xff)) * fnvPrime64
+		h = (h ^ uint64(t>>16&0xff)) * fnvPrime64
+		h = (h ^ uint64(t>>24)) * fnvPrime64
+	}
+	return h
 }
 
 const noBlock = -1
 
+// kvBlock is one block's state: 56 bytes, so that few of an array of
+// them straddle two cache lines.
 type kvBlock struct {
 	refCount int32
 	// index is the block's place in every sequence that holds it: its
@@ -84,25 +95,41 @@ type kvBlock struct {
 	// home is the sequence whose KV holds the block's tokens, when KV is
 	// placed by sequence; noSeq when the block holds nothing.
 	home int32
+	// Links of the free queue, which holds every used block with refCount
+	// 0 in eviction order: the head is evicted first.
+	prev, next int32
 	// hash is valid when cached is true; the block is then findable by its
 	// hash until it is evicted.
 	hash   BlockHash
 	cached bool
-	// Links of the free queue, which holds every block with refCount 0 in
-	// eviction order: the head is evicted first.
-	prev, next int32
-	free       bool
+	// indexed is set while byHash finds this block for its hash (see
+	// findable), so that releasing a block need not look it up.
+	indexed bool
+	free    bool
 }
 
 // kvCache is a pool of fixed-size KV blocks with prefix caching, in the
 // manner of vLLM's block pool: a freed block keeps its contents and hash
 // until it is reused, so a later request with the same prefix finds it.
+//
+// The eviction order starts with the fresh blocks, those never used, in
+// id order: a freed block joins the end, and only a block that was used
+// can leave from the middle (a prefix hit). So the fresh blocks need no
+// entries until they are taken: blocks holds those used so far, block id
+// len(blocks) is the next fresh one, and the free queue links the used
+// ones that are free. A simulation of hundreds of engines then neither
+// writes every block of every cache up front nor holds the cache of an
+// engine that never fills it.
 type kvCache struct {
 	blockSize     int
 	prefixCaching bool
-	blocks        []kvBlock
-	head, tail    int32
-	numFree       int
+	// capacity is the number of blocks; blocks holds the ids below
+	// len(blocks), the others are fresh.
+	capacity   int
+	blocks     []kvBlock
+	head, tail int32
+	// numFree counts the blocks in the free queue, fresh ones apart.
+	numFree int
 	// byHash finds a findable block by its hash's Key.
 	byHash map[uint64]int32
 	// seqs places KV by sequence; nil when blocks alone place it.
@@ -113,14 +140,10 @@ func newKVCache(numBlocks, blockSize int, prefixCaching bool, seqSlots int) *kvC
 	c := &kvCache{
 		blockSize:     blockSize,
 		prefixCaching: prefixCaching,
-		blocks:        make([]kvBlock, numBlocks),
+		capacity:      numBlocks,
 		head:          noBlock,
 		tail:          noBlock,
 		byHash:        make(map[uint64]int32),
-	}
-	for i := range c.blocks {
-		c.blocks[i].prev, c.blocks[i].next, c.blocks[i].home = noBlock, noBlock, noSeq
-		c.pushFree(int32(i))
 	}
 	if seqSlots > 0 {
 		c.seqs = newSeqTable(seqSlots)
@@ -128,15 +151,36 @@ func newKVCache(numBlocks, blockSize int, prefixCaching bool, seqSlots int) *kvC
 	return c
 }
 
+// numBlocks is how many blocks have been used: ids from 0 to it.
 func (c *kvCache) numBlocks() int { return len(c.blocks) }
+
+// fresh is how many blocks were never used.
+func (c *kvCache) fresh() int { return c.capacity - len(c.blocks) }
+
+// available is how many blocks an allocation may take: the free ones,
+// fresh or used.
+func (c *kvCache) available() int { return c.numFree + c.fresh() }
 
 // usage is the share of blocks held by requests; cached blocks that nobody
 // holds count as free, as in vLLM.
 func (c *kvCache) usage() float64 {
-	if len(c.blocks) == 0 {
+	if c.capacity == 0 {
 		return 0
 	}
-	return 1 - float64(c.numFree)/float64(len(c.blocks))
+	return 1 - float64(c.available())/float64(c.capacity)
+}
+
+// takeFresh takes the first block never used: the head of the eviction
+// order while any is left.
+func (c *kvCache) takeFresh() int32 {
+	if len(c.blocks) == cap(c.blocks) {
+		grown := make([]kvBlock, len(c.blocks), min(c.capacity, max(2*cap(c.blocks), 256)))
+		copy(grown, c.blocks)
+		c.blocks = grown
+	}
+	id := int32(len(c.blocks))
+	c.blocks = append(c.blocks, kvBlock{refCount: 1, home: noSeq, prev: noBlock, next: noBlock})
+	return id
 }
 
 func (c *kvCache) pushFree(id int32) {
@@ -171,9 +215,12 @@ func (c *kvCache) removeFree(id int32) {
 	c.numFree--
 }
 
-// popFree takes the block at the head of the free queue, evicting its
-// cached contents.
+// popFree takes the block at the head of the eviction order, evicting
+// its cached contents.
 func (c *kvCache) popFree() int32 {
+	if c.fresh() > 0 {
+		return c.takeFresh()
+	}
 	id := c.head
 	if id == noBlock {
 		panic("engine: free queue empty after the free count allowed an allocation")
@@ -181,7 +228,7 @@ func (c *kvCache) popFree() int32 {
 	c.removeFree(id)
 	b := &c.blocks[id]
 	if c.findable(id) {
-		delete(c.byHash, b.hash.Key())
+		c.unindex(id)
 	}
 	b.cached = false
 	if c.seqs != nil && b.home != noSeq {
@@ -195,13 +242,13 @@ func (c *kvCache) popFree() int32 {
 // findable reports whether block id is the one a prefix lookup finds for
 // its hash; a block cached while another of the same hash was findable is
 // not.
-func (c *kvCache) findable(id int32) bool {
+func (c *kvCache) findable(id int32) bool { return c.blocks[id].indexed }
+
+// unindex makes a findable block id unfindable.
+func (c *kvCache) unindex(id int32) {
 	b := &c.blocks[id]
-	if !b.cached {
-		return false
-	}
-	found, ok := c.byHash[b.hash.Key()]
-	return ok && found == id
+	delete(c.byHash, b.hash.Key())
+	b.indexed = false
 }
 
 // touch takes a reference on a cached block found by a prefix lookup.
@@ -254,7 +301,7 @@ func (c *kvCache) allocate(req *Request, numNewTokens int, prefix []int32) bool 
 			evictable++
 		}
 	}
-	if need > c.numFree-evictable {
+	if need > c.available()-evictable {
 		return false
 	}
 	if len(prefix) > 0 {
@@ -265,7 +312,7 @@ func (c *kvCache) allocate(req *Request, numNewTokens int, prefix []int32) bool 
 			c.sharePrefix(req, prefix)
 		}
 		req.blocks = append(req.blocks, prefix...)
-		req.numCachedBlocks = len(prefix)
+		req.numCachedBlocks = int32(len(prefix))
 	}
 	for range need {
 		id := c.popFree()
@@ -283,11 +330,11 @@ func (c *kvCache) cacheFullBlocks(req *Request) {
 		return
 	}
 	full := min(req.numComputed/c.blockSize, len(req.blocks))
-	if full <= req.numCachedBlocks {
+	if full <= int(req.numCachedBlocks) {
 		return
 	}
 	req.extendHashes(c.blockSize, full)
-	for i := req.numCachedBlocks; i < full; i++ {
+	for i := int(req.numCachedBlocks); i < full; i++ {
 		id := req.blocks[i]
 		b := &c.blocks[id]
 		h := req.blockHashes[i]
@@ -297,9 +344,10 @@ func (c *kvCache) cacheFullBlocks(req *Request) {
 		b.hash, b.cached = h, true
 		if _, dup := c.byHash[h.Key()]; !dup {
 			c.byHash[h.Key()] = id
+			b.indexed = true
 		}
 	}
-	req.numCachedBlocks = full
+	req.numCachedBlocks = int32(full)
 }
 
 // release drops req's references. Blocks are queued last block first, so

@@ -123,7 +123,7 @@ func (c *kvCache) trimKept(running []*Request, floor int) {
 	if c.seqs == nil {
 		return
 	}
-	held := len(c.blocks) - c.numFree
+	held := c.capacity - c.available()
 	for c.seqs.cachedOnly*c.blockSize > max(held*c.blockSize, floor) && c.evictOldestKept(running) {
 	}
 }
@@ -149,7 +149,7 @@ func (c *kvCache) evictOldestKept(running []*Request) bool {
 		if b.refCount == 0 {
 			// Nobody holds it: it leaves the prefix cache with its KV.
 			if c.findable(id) {
-				delete(c.byHash, b.hash.Key())
+				c.unindex(id)
 			}
 			b.cached = false
 			b.home = noSeq

@@ -82,48 +82,57 @@ type NewRequest struct {
 	// scheduler trusts them, and keeps the slice: the caller must not
 	// change it.
 	BlockHashes []BlockHash
+	// PromptHash, when not 0, is PromptHash(Prompt, Sampling.Seed) as
+	// the caller already computed it (a simulator, ahead of the engines;
+	// a hash that is 0 is computed again, to 0).
+	PromptHash uint64
 }
 
 // Request is the scheduler's state of one request. Its fields are the
 // scheduler's; callers read them only through Output.
+//
+// The fields every step reads or writes come first, in 192 bytes that
+// end after sampling.IgnoreEOS: an engine of hundreds of running
+// requests, or a simulation of hundreds of engines, waits on memory more
+// than it computes.
 type Request struct {
-	id       string
-	prompt   []uint32
-	output   []uint32
-	sampling SamplingParams
-	client   any
-	attempt  uint32
-	arrival  time.Time
-	// promptHash keys the executor's deterministic sampling.
-	promptHash uint64
-	// salt keeps the request's blocks apart from other salts' (its first
-	// block's parent is SaltHash(salt)).
-	salt string
-	// stops is sampling.StopTokenIDs as a set: it is checked for every
-	// token sampled, inside the step every request of the rank waits on.
-	stops tokenSet
 	// numComputed counts leading tokens whose KV is computed.
 	numComputed int
+	output      []uint32
 	blocks      []int32
-	// blockHashes holds the hashes of the leading full blocks of
-	// prompt+output computed so far; it only grows.
-	blockHashes []BlockHash
 	// numCachedBlocks counts leading blocks findable by hash.
-	numCachedBlocks int
-	// numCachedTokens is the prefix-cache hit of the first schedule, reported
-	// with the first output.
-	numCachedTokens int
-	firstScheduled  bool
-	reportedFirst   bool
+	numCachedBlocks int32
 	// gone is set when the request leaves the scheduler (finished or
 	// aborted), possibly while a step that computes it is in flight.
 	gone bool
-	// seq is the KV sequence the request holds (SchedulerConfig.
-	// SequenceSlots), or noSeq.
-	seq int32
 	// executorHasLast is set when the request's last token was sampled by
 	// the executor into seq: the next step need not send it.
 	executorHasLast bool
+	firstScheduled  bool
+	reportedFirst   bool
+	prompt          []uint32
+	id              string
+	client          any
+	attempt         uint32
+	// seq is the KV sequence the request holds (SchedulerConfig.
+	// SequenceSlots), or noSeq.
+	seq int32
+	// promptHash keys the executor's deterministic sampling.
+	promptHash uint64
+	// stops is sampling.StopTokenIDs as a set: it is checked for every
+	// token sampled, inside the step every request of the rank waits on.
+	stops    tokenSet
+	sampling SamplingParams
+	// blockHashes holds the hashes of the leading full blocks of
+	// prompt+output computed so far; it only grows.
+	blockHashes []BlockHash
+	arrival     time.Time
+	// salt keeps the request's blocks apart from other salts' (its first
+	// block's parent is SaltHash(salt)).
+	salt string
+	// numCachedTokens is the prefix-cache hit of the first schedule, reported
+	// with the first output.
+	numCachedTokens int
 }
 
 func (r *Request) numTokens() int { return len(r.prompt) + len(r.output) }
@@ -155,9 +164,20 @@ func (r *Request) extendHashes(blockSize, n int) {
 	}
 	var buf []uint32
 	for i := len(r.blockHashes); i < n; i++ {
-		buf = buf[:0]
-		for j := i * blockSize; j < (i+1)*blockSize; j++ {
-			buf = append(buf, r.tokenAt(j))
+		from, to := i*blockSize, (i+1)*blockSize
+		var block []uint32
+		switch p := len(r.prompt); {
+		case to <= p:
+			block = r.prompt[from:to]
+		case from >= p:
+			block = r.output[from-p : to-p]
+		default:
+			// The block that spans the end of the prompt.
+			buf = buf[:0]
+			for j := from; j < to; j++ {
+				buf = append(buf, r.tokenAt(j))
+			}
+			block = buf
 		}
 		var parent BlockHash
 		if i > 0 {
@@ -165,7 +185,7 @@ func (r *Request) extendHashes(blockSize, n int) {
 		} else {
 			parent = SaltHash(r.salt)
 		}
-		r.blockHashes = append(r.blockHashes, HashBlock(parent, buf))
+		r.blockHashes = append(r.blockHashes, HashBlock(parent, block))
 	}
 }
 

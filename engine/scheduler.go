@@ -156,8 +156,11 @@ type Scheduler struct {
 	running []*Request
 	stats   Stats
 	// scheduled is the batch of the step in flight, in Batch order; Update
-	// consumes it.
+	// consumes it, and keeps its array in spare for the next step.
 	scheduled []*Request
+	spare     []*Request
+	// finishes holds Update's finish reasons, by the batch's order.
+	finishes []FinishReason
 }
 
 // NewScheduler returns a scheduler; cfg must pass Validate.
@@ -206,10 +209,13 @@ func (s *Scheduler) Add(nr NewRequest) error {
 		client:     nr.Client,
 		attempt:    nr.Attempt,
 		arrival:    nr.Arrival,
-		promptHash: PromptHash(nr.Prompt, nr.Sampling.Seed),
+		promptHash: nr.PromptHash,
 		salt:       nr.CacheSalt,
 		stops:      newTokenSet(nr.Sampling.StopTokenIDs),
 		seq:        noSeq,
+	}
+	if req.promptHash == 0 {
+		req.promptHash = PromptHash(nr.Prompt, nr.Sampling.Seed)
 	}
 	if n := len(nr.BlockHashes); n > 0 && n <= len(nr.Prompt)/s.cfg.BlockSize {
 		// Capacity cut to the length: the request's own blocks append to
@@ -279,12 +285,20 @@ const keptCacheSteps = 1
 // in order while the token budget, the sequence limit and the blocks allow.
 // Schedule must be followed by Update before it is called again.
 func (s *Scheduler) Schedule() *Batch {
+	return s.ScheduleInto(&Batch{})
+}
+
+// ScheduleInto is Schedule writing the batch into batch, over what it
+// held, and returning it: a caller done with each batch when Update
+// returns (a simulator) can keep one for every step.
+func (s *Scheduler) ScheduleInto(batch *Batch) *Batch {
 	if s.scheduled != nil {
 		panic("engine: Schedule called with a step in flight")
 	}
 	budget := s.cfg.MaxNumBatchedTokens
 	// Most steps take every running request and admit a few waiting.
-	batch := &Batch{Step: s.stats.Steps + 1, Requests: make([]ScheduledRequest, 0, len(s.running)+min(len(s.waiting), 8))}
+	clear(batch.Requests) // the last step's: none outlives its step
+	*batch = Batch{Step: s.stats.Steps + 1, Requests: slices.Grow(batch.Requests[:0], len(s.running)+min(len(s.waiting), 8))}
 	preemptionsBefore := s.stats.NumPreemptions
 
 	for i := 0; i < len(s.running) && budget > 0; {
@@ -365,6 +379,9 @@ func (s *Scheduler) add(batch *Batch, req *Request, n int) {
 		batch.PrefillContextProduct += int64(n) * (int64(req.numComputed) + int64(n)/2)
 	}
 	batch.Requests = append(batch.Requests, sr)
+	if s.scheduled == nil {
+		s.scheduled = s.spare[:0]
+	}
 	s.scheduled = append(s.scheduled, req)
 }
 
@@ -403,28 +420,54 @@ func (s *Scheduler) preempt(req *Request) {
 // request's new tokens and finish. Requests aborted while the step ran are
 // skipped.
 func (s *Scheduler) Update(batch *Batch, res StepResult) []Output {
+	return s.AppendUpdate(make([]Output, 0, len(s.scheduled)), batch, res)
+}
+
+// AppendUpdate is Update appending the outputs to outs: a caller that is
+// done with them before the next step can keep one slice for every step.
+func (s *Scheduler) AppendUpdate(outs []Output, batch *Batch, res StepResult) []Output {
 	scheduled := s.scheduled
 	s.scheduled = nil
 	if len(scheduled) != len(batch.Requests) {
 		panic("engine: Update with a batch that is not the one in flight")
 	}
-	outs := make([]Output, 0, len(scheduled))
+	// One array holds every output's new token: an allocation per step,
+	// not per request.
+	newTokens := make([]uint32, len(scheduled))
+	s.finishes = slices.Grow(s.finishes[:0], len(scheduled))[:len(scheduled)]
 	finished := false
 	s.stats.ComputedTokens += uint64(res.ComputedTokens)
+	// Two passes: first each request's own state, then the KV cache and
+	// the outputs. A step's requests were last touched a whole step ago,
+	// after every other rank's step in a simulation of hundreds, so their
+	// state is rarely in the cache; in a loop this short the processor
+	// waits for the loads of many requests at once, rather than for each
+	// in turn. The second pass meets the cache, the requests and the
+	// finishes in the order one pass would.
 	for i, req := range scheduled {
 		if req.gone {
 			continue
 		}
 		sr := &batch.Requests[i]
 		req.numComputed += sr.NumNewTokens
-		s.kv.cacheFullBlocks(req)
 		if sr.SampleIndex < 0 {
 			continue
 		}
 		tok := res.Tokens[i]
 		req.output = append(req.output, tok)
 		req.executorHasLast = true
-		out := Output{ID: req.id, Client: req.client, Attempt: req.attempt, NewTokens: []uint32{tok}, Finish: s.checkStop(req, tok)}
+		newTokens[i] = tok
+		s.finishes[i] = s.checkStop(req, tok)
+	}
+	for i, req := range scheduled {
+		if req.gone {
+			continue
+		}
+		s.kv.cacheFullBlocks(req)
+		if batch.Requests[i].SampleIndex < 0 {
+			continue
+		}
+		out := Output{ID: req.id, Client: req.client, Attempt: req.attempt, NewTokens: newTokens[i : i+1 : i+1], Finish: s.finishes[i]}
 		if !req.reportedFirst {
 			req.reportedFirst = true
 			out.First = true
@@ -440,6 +483,10 @@ func (s *Scheduler) Update(batch *Batch, res StepResult) []Output {
 	}
 	if finished {
 		s.running = slices.DeleteFunc(s.running, func(r *Request) bool { return r.gone })
+	}
+	if scheduled != nil {
+		clear(scheduled)
+		s.spare = scheduled[:0]
 	}
 	return outs
 }

@@ -26,15 +26,18 @@ func percentiles(ds []time.Duration) Percentiles {
 		return Percentiles{}
 	}
 	slices.Sort(ds)
-	at := func(q float64) float64 {
-		i := int(q*float64(len(ds))+0.999999) - 1
-		return ms(ds[min(max(i, 0), len(ds)-1)])
-	}
+	at := func(q float64) float64 { return ms(ds[nearestRank(q, len(ds))]) }
 	var sum time.Duration
 	for _, d := range ds {
 		sum += d
 	}
 	return Percentiles{Mean: ms(sum / time.Duration(len(ds))), P50: at(0.5), P90: at(0.9), P99: at(0.99), Max: ms(ds[len(ds)-1])}
+}
+
+// nearestRank is the index, from 0, of the q-th quantile of n sorted
+// values.
+func nearestRank(q float64, n int) int {
+	return min(max(int(q*float64(n)+0.999999)-1, 0), n-1)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -92,6 +95,10 @@ type Summary struct {
 	ITL                   Percentiles `json:"itl_ms"`
 	TPOT                  Percentiles `json:"tpot_ms"`
 	E2E                   Percentiles `json:"e2e_ms"`
+	// PercentileError bounds the relative error of the percentiles when
+	// some latency had more values than are kept exactly (see latencies);
+	// 0 when they are exact.
+	PercentileError float64 `json:"percentile_rel_error,omitempty"`
 	// Errors counts the failures by message.
 	Errors map[string]int `json:"errors,omitempty"`
 	Ranks  *RankSpread    `json:"ranks,omitempty"`
@@ -127,46 +134,64 @@ func records(outs []Outcome) []Record {
 	return rs
 }
 
-// summarize computes a run's summary from its outcomes; gaps are the
-// inter-token gaps of all of them.
-func summarize(label string, outs []Outcome, gaps []time.Duration, elapsed time.Duration) Summary {
-	s := Summary{Label: label, Sent: len(outs), DurationS: elapsed.Seconds()}
-	var ttft, e2e, tpot []time.Duration
-	in, out := 0, 0
+// summarize computes a run's summary from its outcomes.
+func summarize(label string, outs []Outcome, elapsed time.Duration) Summary {
+	var t tally
 	for _, o := range outs {
-		if o.Err != "" {
-			s.Failed++
-			if s.Errors == nil {
-				s.Errors = map[string]int{}
-			}
-			s.Errors[o.Err]++
-			continue
-		}
-		s.Completed++
-		in += o.PromptTokens
-		out += o.OutputTokens
-		ttft = append(ttft, o.TTFT)
-		e2e = append(e2e, o.E2E)
-		if o.OutputTokens > 1 {
-			tpot = append(tpot, (o.E2E-o.TTFT)/time.Duration(o.OutputTokens-1))
-		}
+		t.add(o)
 	}
-	if elapsed > 0 {
-		s.RequestThroughput = float64(s.Completed) / elapsed.Seconds()
-		s.InputTokenThroughput = float64(in) / elapsed.Seconds()
-		s.OutputTokenThroughput = float64(out) / elapsed.Seconds()
-	}
-	s.TTFT, s.E2E, s.TPOT, s.ITL = percentiles(ttft), percentiles(e2e), percentiles(tpot), percentiles(gaps)
-	return s
+	return t.summary(label, elapsed)
 }
 
-// gapsOf collects the inter-token gaps of outcomes.
-func gapsOf(outs []Outcome) []time.Duration {
-	var gaps []time.Duration
-	for _, o := range outs {
-		gaps = append(gaps, o.Gaps...)
+// tally sums a run up one outcome at a time, so that a simulation of a
+// million requests need keep none of them.
+type tally struct {
+	sent, completed, failed int
+	errors                  map[string]int
+	in, out                 int
+	ttft, e2e, tpot, itl    latencies
+}
+
+// add counts an outcome, and its inter-token gaps, in.
+func (t *tally) add(o Outcome) {
+	t.sent++
+	for _, g := range o.Gaps {
+		t.itl.add(g)
 	}
-	return gaps
+	if o.Err != "" {
+		t.failed++
+		if t.errors == nil {
+			t.errors = map[string]int{}
+		}
+		t.errors[o.Err]++
+		return
+	}
+	t.completed++
+	t.in += o.PromptTokens
+	t.out += o.OutputTokens
+	t.ttft.add(o.TTFT)
+	t.e2e.add(o.E2E)
+	if o.OutputTokens > 1 {
+		t.tpot.add((o.E2E - o.TTFT) / time.Duration(o.OutputTokens-1))
+	}
+}
+
+// gap counts an inter-token gap in, for outcomes that come without theirs.
+func (t *tally) gap(d time.Duration) { t.itl.add(d) }
+
+// summary is the run's summary, over elapsed.
+func (t *tally) summary(label string, elapsed time.Duration) Summary {
+	s := Summary{Label: label, Sent: t.sent, Completed: t.completed, Failed: t.failed, Errors: t.errors, DurationS: elapsed.Seconds()}
+	if elapsed > 0 {
+		s.RequestThroughput = float64(s.Completed) / elapsed.Seconds()
+		s.InputTokenThroughput = float64(t.in) / elapsed.Seconds()
+		s.OutputTokenThroughput = float64(t.out) / elapsed.Seconds()
+	}
+	s.TTFT, s.E2E, s.TPOT, s.ITL = t.ttft.percentiles(), t.e2e.percentiles(), t.tpot.percentiles(), t.itl.percentiles()
+	if t.ttft.approximate() || t.e2e.approximate() || t.tpot.approximate() || t.itl.approximate() {
+		s.PercentileError = PercentileError
+	}
+	return s
 }
 
 // printTable writes the summaries as an aligned table.
@@ -192,6 +217,12 @@ func printTable(w io.Writer, sums []Summary) {
 			fmtMs(s.ITL.P50), fmtMs(s.ITL.P99), fmtMs(s.E2E.P50), fmtMs(s.E2E.P99), s.Failed, spread)
 	}
 	tw.Flush()
+	for _, s := range sums {
+		if s.PercentileError > 0 {
+			fmt.Fprintf(w, "percentiles: exact up to %d values of a latency, past that read from log buckets, within %.2f%%\n", exactLimit, 100*s.PercentileError)
+			break
+		}
+	}
 	printProbes(w, sums)
 	for _, s := range sums {
 		if len(s.Errors) == 0 {

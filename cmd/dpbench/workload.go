@@ -121,19 +121,56 @@ type Synthetic struct {
 	Seed        uint64
 }
 
+// Items yields a workload's requests one at a time, in order; ok is false
+// after the last. A simulation of a million requests draws each when it
+// reaches it, and holds only those in flight.
+type Items func() (it Item, ok bool)
+
+// Workload starts a run's requests from the first, each time it is called.
+type Workload func() Items
+
+// sliceItems yields items in order.
+func sliceItems(items []Item) Items {
+	next := 0
+	return func() (Item, bool) {
+		if next == len(items) {
+			return Item{}, false
+		}
+		next++
+		return items[next-1], true
+	}
+}
+
+// collect gathers what next yields.
+func collect(next Items) []Item {
+	var items []Item
+	for it, ok := next(); ok; it, ok = next() {
+		items = append(items, it)
+	}
+	return items
+}
+
 // Generate draws the workload's requests, without arrival times.
-func (s Synthetic) Generate() []Item {
+func (s Synthetic) Generate() []Item { return collect(s.Items()) }
+
+// Items draws the requests Generate returns, one at a time.
+func (s Synthetic) Items() Items {
 	rng := rand.New(rand.NewPCG(s.Seed, 0x5eed))
-	items := make([]Item, s.Requests)
-	for i := range items {
+	drawn := 0
+	return func() (Item, bool) {
+		if drawn == s.Requests {
+			return Item{}, false
+		}
+		drawn++
 		var prompt []uint32
 		if s.PrefixGroups > 0 {
 			prompt = append(prompt, tokens(uint64(rng.IntN(s.PrefixGroups))+1<<40, s.PrefixLen)...)
 		}
 		prompt = append(prompt, tokens(rng.Uint64(), capAt(s.Input.Sample(rng), s.InputMax))...)
-		items[i] = Item{Prompt: prompt, MaxTokens: capAt(s.Output.Sample(rng), s.OutputMax)}
+		it := Item{Prompt: prompt, MaxTokens: capAt(s.Output.Sample(rng), s.OutputMax)}
+		fitItem(&it, s.MaxModelLen)
+		return it, true
 	}
-	return fit(items, s.MaxModelLen)
 }
 
 func capAt(v, most int) int {
@@ -157,17 +194,22 @@ func tokens(seed uint64, n int) []uint32 {
 
 // fit cuts prompts, then outputs, so that every request fits maxModelLen.
 func fit(items []Item, maxModelLen int) []Item {
-	if maxModelLen <= 0 {
-		return items
-	}
 	for i := range items {
-		it := &items[i]
-		if len(it.Prompt) > maxModelLen-1 {
-			it.Prompt = it.Prompt[:maxModelLen-1]
-		}
-		it.MaxTokens = max(1, min(it.MaxTokens, maxModelLen-len(it.Prompt)))
+		fitItem(&items[i], maxModelLen)
 	}
 	return items
+}
+
+// fitItem cuts a request's prompt, then its output, to fit maxModelLen (0: no
+// cut).
+func fitItem(it *Item, maxModelLen int) {
+	if maxModelLen <= 0 {
+		return
+	}
+	if len(it.Prompt) > maxModelLen-1 {
+		it.Prompt = it.Prompt[:maxModelLen-1]
+	}
+	it.MaxTokens = max(1, min(it.MaxTokens, maxModelLen-len(it.Prompt)))
 }
 
 // Poisson spaces items as arrivals at rate per second.
@@ -181,15 +223,45 @@ func Poisson(items []Item, rate float64, seed uint64) {
 // which is where balancing on snapshots goes stale. A burst of 1 is
 // Poisson.
 func Bursts(items []Item, rate float64, burst int, seed uint64) {
-	rng := rand.New(rand.NewPCG(seed, 0xa77))
-	burst = max(burst, 1)
-	var at time.Duration
+	c := newBurstClock(rate, burst, seed)
 	for i := range items {
-		if i%burst == 0 {
-			at += time.Duration(rng.ExpFloat64() * float64(burst) / rate * float64(time.Second))
-		}
-		items[i].Arrival = at
+		items[i].Arrival = c.next()
 	}
+}
+
+// InBursts gives next's requests the arrival times Bursts gives a slice
+// of them.
+func InBursts(next Items, rate float64, burst int, seed uint64) Items {
+	c := newBurstClock(rate, burst, seed)
+	return func() (Item, bool) {
+		it, ok := next()
+		if ok {
+			it.Arrival = c.next()
+		}
+		return it, ok
+	}
+}
+
+// burstClock draws the arrival times of Bursts, one at a time.
+type burstClock struct {
+	rng   *rand.Rand
+	rate  float64
+	burst int
+	// drawn counts the times drawn; at is the last.
+	drawn int
+	at    time.Duration
+}
+
+func newBurstClock(rate float64, burst int, seed uint64) *burstClock {
+	return &burstClock{rng: rand.New(rand.NewPCG(seed, 0xa77)), rate: rate, burst: max(burst, 1)}
+}
+
+func (c *burstClock) next() time.Duration {
+	if c.drawn%c.burst == 0 {
+		c.at += time.Duration(c.rng.ExpFloat64() * float64(c.burst) / c.rate * float64(time.Second))
+	}
+	c.drawn++
+	return c.at
 }
 
 // TraceBlockTokens is the tokens per hash id of Mooncake's traces.

@@ -7,16 +7,22 @@
 // jumps from one step's end to the next arrival, so hundreds of ranks and
 // minutes of traffic take seconds.
 //
+// Requests stream in: a Source hands over each one when the simulation
+// reaches it, and a Recorder takes each outcome and inter-token gap as it
+// happens, so that memory grows with the requests in flight, not with the
+// run. Run is the small-run convenience that keeps them all.
+//
 // What it leaves out: the network (messages arrive at once, so the live
 // policy sees each step's stats as the step ends and the snapshot policy
 // sees them at its snapshot interval), failures, and client-side costs.
 package vsim
 
 import (
-	"container/heap"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -31,8 +37,33 @@ type Request struct {
 	// closed loop.
 	Arrival time.Duration
 	Prompt  []uint32
+	// Blocks, when set, are the hashes of the prompt's full blocks,
+	// engine.PrefixHashes(Prompt, the scheduler's block size, ""): hashing
+	// is the costliest part of placing a request, and a caller can do it
+	// ahead, elsewhere. Nil: the simulation hashes them.
+	Blocks []engine.BlockHash
+	// PromptHash, when not 0, is engine.PromptHash(Prompt, nil), computed
+	// ahead as Blocks may be.
+	PromptHash uint64
 	// MaxTokens is the output length: the request ignores EOS.
 	MaxTokens int
+}
+
+// Source hands over a workload's requests one at a time, in order; ok is
+// false past the last. In an open loop their arrivals must not go back in
+// time. Stream calls it on its own goroutine, about when the simulation
+// reaches each request, and keeps each request only while it is in
+// flight.
+type Source func() (req Request, ok bool)
+
+// Recorder takes a run's measurements as they happen. Stream calls it on
+// its own goroutine, one call at a time.
+type Recorder interface {
+	// Gap is the time between two consecutive tokens of a request.
+	Gap(d time.Duration)
+	// Ended is the outcome of request i (counted from 0 in the order the
+	// source handed them over), once it has ended or failed.
+	Ended(i int, o Outcome)
 }
 
 // Config describes the simulated deployment.
@@ -59,14 +90,12 @@ type Config struct {
 
 // Outcome is how one request went. Times are from the start.
 type Outcome struct {
-	Rank                   int
-	Arrival, First, End    time.Duration
-	Tokens                 int
-	CachedTokens           int
-	Err                    error
-	lastToken              time.Duration
-	firstSeen, cachedKnown bool
-	prefill                int
+	Rank                int
+	Arrival, First, End time.Duration
+	PromptTokens        int
+	Tokens              int
+	CachedTokens        int
+	Err                 error
 }
 
 // RankResult is one rank's share of the run.
@@ -82,9 +111,10 @@ type RankResult struct {
 
 // Result is a run's outcome.
 type Result struct {
+	// Requests and ITL, every gap between two consecutive tokens of a
+	// request, are kept by Run only; Stream hands them to its Recorder.
 	Requests []Outcome
-	// ITL holds every gap between two consecutive tokens of a request.
-	ITL []time.Duration
+	ITL      []time.Duration
 	// Makespan is the virtual time from the start to the last request's
 	// end.
 	Makespan time.Duration
@@ -126,32 +156,92 @@ type event struct {
 	at   time.Duration
 	seq  uint64
 	kind eventKind
-	// rank for stepDone; req for arrive.
-	rank, req int
+	// rank for stepDone; the flight's slot for arrive in a closed loop.
+	rank, slot int
 }
 
+func (e *event) before(o *event) bool {
+	return e.at < o.at || (e.at == o.at && e.seq < o.seq)
+}
+
+// events is a binary min-heap of events by time, then by the order they
+// were pushed; each event's place is unique, so the order they come out in
+// does not depend on how the heap is built.
 type events []event
 
-func (q events) Len() int { return len(q) }
-func (q events) Less(i, j int) bool {
-	if q[i].at != q[j].at {
-		return q[i].at < q[j].at
+func (q *events) push(e event) {
+	*q = append(*q, e)
+	h := *q
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h[i].before(&h[p]) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
 	}
-	return q[i].seq < q[j].seq
 }
-func (q events) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *events) Push(x any)   { *q = append(*q, x.(event)) }
-func (q *events) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return e
+
+func (q *events) pop() event {
+	h := *q
+	top := h[0]
+	n := len(h) - 1
+	h[0] = h[n]
+	h[n] = event{}
+	h = h[:n]
+	for i := 0; ; {
+		least, l, r := i, 2*i+1, 2*i+2
+		if l < n && h[l].before(&h[least]) {
+			least = l
+		}
+		if r < n && h[r].before(&h[least]) {
+			least = r
+		}
+		if least == i {
+			break
+		}
+		h[i], h[least] = h[least], h[i]
+		i = least
+	}
+	*q = h
+	return top
+}
+
+// flight is a request from when the source hands it over to its end, in
+// a slot; what each of its tokens updates is the progress in the same
+// slot, which the engine carries as the request's Client.
+type flight struct {
+	// i counts the request in the order the source handed it over; req
+	// is the request until it arrives.
+	i   int
+	req Request
+	out Outcome
+}
+
+// progress is what each token of a request in flight reads and writes,
+// apart from the rest of its flight: a step comes back to a request a
+// whole round of steps later, and the progress of every request in
+// flight, a few hundred kilobytes allocated one after another, is far
+// more often still in the processor's cache than the flights would be.
+type progress struct {
+	slot int
+	// lastToken is when the request's last token came, first when its
+	// first did.
+	lastToken, first time.Duration
+	tokens, cached   int
+	// prefill is the prompt tokens the rank was expected to compute.
+	prefill                int
+	firstSeen, cachedKnown bool
 }
 
 type rank struct {
-	sched    *engine.Scheduler
-	busy     bool
+	sched *engine.Scheduler
+	busy  bool
+	// batch is the step in flight; without expert parallelism, step is
+	// the one batch it always is.
 	batch    *engine.Batch
+	step     engine.Batch
 	res      engine.StepResult
 	stats    engine.Stats
 	inflight int
@@ -167,20 +257,32 @@ type rank struct {
 }
 
 type simulation struct {
-	cfg      Config
-	reqs     []Request
-	exec     *sim.Executor
-	ranks    []*rank
-	loads    []dp.RankLoad
-	q        events
-	seq      uint64
-	now      time.Duration
-	start    time.Time
-	out      *Result
-	snapSeq  uint64
-	dirty    bool
-	left     int // requests not yet ended
-	next     int // next request to issue in a closed loop
+	cfg  Config
+	src  Source
+	rec  Recorder
+	exec *sim.Executor
+	// ranks, and loads[i] the policy's view of ranks[i], kept up to date
+	// as the rank changes rather than built anew for each arrival.
+	ranks   []*rank
+	loads   []dp.RankLoad
+	q       events
+	seq     uint64
+	now     time.Duration
+	start   time.Time
+	out     *Result
+	snapSeq uint64
+	dirty   bool
+	// flights and progs are the requests in flight by slot, and free
+	// the slots of those that ended. ahead is the slot of the source's
+	// next request, not yet sent; -1 past the last. issued counts the
+	// requests sent, open those not yet ended.
+	flights      []flight
+	progs        []*progress
+	free         []int
+	ahead        int
+	issued, open int
+	// outs is the slice every step's outputs go to.
+	outs     []engine.Output
 	coord    *dp.CoordinatorWave
 	frontend dp.FrontendWave
 	balanced int
@@ -188,8 +290,61 @@ type simulation struct {
 	work []int
 }
 
-// Run simulates reqs on the deployment cfg describes.
+// Run simulates reqs on the deployment cfg describes, in any order of
+// arrival, and keeps every outcome and inter-token gap in the result.
 func Run(cfg Config, reqs []Request) (*Result, error) {
+	// Arrivals in time order, ties in the order given, as Stream takes
+	// them.
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	if cfg.Concurrency == 0 {
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Arrival, reqs[b].Arrival) })
+	}
+	next := 0
+	src := func() (Request, bool) {
+		if next == len(order) {
+			return Request{}, false
+		}
+		next++
+		return reqs[order[next-1]], true
+	}
+	keep := &keeper{order: order, requests: make([]Outcome, len(reqs)), itl: make([]time.Duration, 0, gaps(reqs))}
+	res, err := Stream(cfg, src, keep)
+	if err != nil {
+		return nil, err
+	}
+	res.Requests, res.ITL = keep.requests, keep.itl
+	return res, nil
+}
+
+var _ Recorder = (*keeper)(nil)
+
+// keeper is Run's recorder: it keeps everything.
+type keeper struct {
+	order    []int
+	requests []Outcome
+	itl      []time.Duration
+}
+
+func (k *keeper) Gap(d time.Duration)    { k.itl = append(k.itl, d) }
+func (k *keeper) Ended(i int, o Outcome) { k.requests[k.order[i]] = o }
+
+// gaps is how many inter-token gaps reqs will have at most.
+func gaps(reqs []Request) int {
+	n := 0
+	for _, r := range reqs {
+		n += max(r.MaxTokens-1, 0)
+	}
+	return n
+}
+
+// Stream simulates the requests src hands over on the deployment cfg
+// describes, taking each when the simulation reaches its arrival (in a
+// closed loop, when a client is free), and hands rec every outcome and
+// inter-token gap as it happens. The result holds no per-request data.
+func Stream(cfg Config, src Source, rec Recorder) (*Result, error) {
 	switch {
 	case cfg.Ranks < 1:
 		return nil, fmt.Errorf("vsim: need at least one rank, got %d", cfg.Ranks)
@@ -216,15 +371,16 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &simulation{cfg: cfg, reqs: reqs, exec: exec, start: time.Unix(0, 0), left: len(reqs),
-		out:   &Result{Requests: make([]Outcome, len(reqs)), Ranks: make([]RankResult, cfg.Ranks), ITL: make([]time.Duration, 0, gaps(reqs))},
+	s := &simulation{cfg: cfg, src: src, rec: rec, exec: exec, start: time.Unix(0, 0),
+		out:   &Result{Ranks: make([]RankResult, cfg.Ranks)},
 		loads: make([]dp.RankLoad, cfg.Ranks)}
-	for range cfg.Ranks {
+	for i := range cfg.Ranks {
 		sched, err := engine.NewScheduler(cfg.Scheduler)
 		if err != nil {
 			return nil, err
 		}
 		s.ranks = append(s.ranks, &rank{sched: sched})
+		s.refresh(i)
 	}
 	if cfg.ExpertParallel {
 		s.coord = dp.NewCoordinatorWave(1)
@@ -237,39 +393,55 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 			r.wave.SetGroup(*g)
 		}
 	}
+	s.fetch()
+	some := s.ahead >= 0
 	if cfg.Concurrency > 0 {
-		for range min(cfg.Concurrency, len(reqs)) {
+		for range cfg.Concurrency {
 			s.issueNext()
 		}
-	} else {
-		for i, r := range reqs {
-			s.push(event{at: r.Arrival, kind: arrive, req: i})
-		}
 	}
-	if len(reqs) > 0 {
+	if some {
 		s.push(event{at: cfg.SnapshotInterval, kind: snapshot})
 	}
-	for s.q.Len() > 0 {
-		ev := heap.Pop(&s.q).(event)
+	for {
+		var ev event
+		switch {
+		case cfg.Concurrency == 0 && s.ahead >= 0 && (len(s.q) == 0 || s.flights[s.ahead].req.Arrival <= s.q[0].at):
+			// An arrival goes before any other event at its time, as if
+			// every arrival had been queued first.
+			f := &s.flights[s.ahead]
+			if f.req.Arrival < s.now {
+				return nil, fmt.Errorf("vsim: request %d arrives at %v, before the one handed over before it", f.i, f.req.Arrival)
+			}
+			ev = event{at: f.req.Arrival, kind: arrive, slot: s.issue()}
+		case len(s.q) > 0:
+			ev = s.q.pop()
+		default:
+			return s.finish()
+		}
 		s.now = ev.at
 		s.out.Events++
 		switch ev.kind {
 		case arrive:
-			if err := s.arrive(ev.req); err != nil {
+			if err := s.arrive(ev.slot); err != nil {
 				return nil, err
 			}
 		case stepDone:
 			s.stepDone(ev.rank)
 		case snapshot:
 			s.publish()
-			if s.left > 0 {
+			if s.open > 0 || s.ahead >= 0 {
 				s.push(event{at: s.now + cfg.SnapshotInterval, kind: snapshot})
 			}
 		}
 		s.runWork()
 	}
-	if s.left > 0 {
-		return nil, fmt.Errorf("vsim: %d requests never finished (a scheduler stalled)", s.left)
+}
+
+// finish checks that every request ended and completes the result.
+func (s *simulation) finish() (*Result, error) {
+	if s.open > 0 || s.ahead >= 0 {
+		return nil, fmt.Errorf("vsim: %d requests in flight never finished (a scheduler stalled)", s.open)
 	}
 	if s.balanced > 0 {
 		s.out.BalanceRatioMean /= float64(s.balanced)
@@ -280,58 +452,95 @@ func Run(cfg Config, reqs []Request) (*Result, error) {
 	return s.out, nil
 }
 
-// gaps is how many inter-token gaps reqs will have at most.
-func gaps(reqs []Request) int {
-	n := 0
-	for _, r := range reqs {
-		n += max(r.MaxTokens-1, 0)
-	}
-	return n
-}
-
 func (s *simulation) push(ev event) {
 	s.seq++
 	ev.seq = s.seq
-	heap.Push(&s.q, ev)
+	s.q.push(ev)
+}
+
+// fetch takes the source's next request into a slot, ahead.
+func (s *simulation) fetch() {
+	req, ok := s.src()
+	if !ok {
+		s.ahead = -1
+		return
+	}
+	slot := len(s.flights)
+	if n := len(s.free); n > 0 {
+		slot, s.free = s.free[n-1], s.free[:n-1]
+	} else {
+		s.flights = append(s.flights, flight{})
+		s.progs = append(s.progs, new(progress))
+	}
+	s.flights[slot] = flight{i: s.issued, req: req}
+	*s.progs[slot] = progress{slot: slot}
+	s.ahead = slot
+}
+
+// issue sends the request ahead, fetches the next, and returns the sent
+// one's slot.
+func (s *simulation) issue() int {
+	slot := s.ahead
+	s.issued++
+	s.open++
+	s.fetch()
+	return slot
 }
 
 // issueNext sends the next request of a closed loop now.
 func (s *simulation) issueNext() {
-	if s.next < len(s.reqs) {
-		s.push(event{at: s.now, kind: arrive, req: s.next})
-		s.next++
+	if s.ahead >= 0 {
+		s.push(event{at: s.now, kind: arrive, slot: s.issue()})
 	}
 }
 
-func (s *simulation) arrive(i int) error {
-	req := &s.reqs[i]
-	o := &s.out.Requests[i]
+// refresh writes rank j's load as the policy sees it.
+func (s *simulation) refresh(j int) {
+	r := s.ranks[j]
+	s.loads[j] = dp.RankLoad{Rank: j, Available: true, InFlight: r.inflight, Capacity: s.cfg.Scheduler.MaxNumSeqs,
+		Waiting: r.stats.NumWaiting, Running: r.stats.NumRunning, KVUsage: r.stats.KVUsage,
+		SnapshotWaiting: r.snap.NumWaiting, SnapshotRunning: r.snap.NumRunning, SnapshotSeq: s.snapSeq,
+		PendingPrefill: r.pendingPrefill}
+}
+
+func (s *simulation) arrive(slot int) error {
+	f := &s.flights[slot]
+	req := &f.req
+	o := &f.out
 	o.Arrival = s.now
-	for j, r := range s.ranks {
-		s.loads[j] = dp.RankLoad{Rank: j, Available: true, InFlight: r.inflight, Capacity: s.cfg.Scheduler.MaxNumSeqs,
-			Waiting: r.stats.NumWaiting, Running: r.stats.NumRunning, KVUsage: r.stats.KVUsage,
-			SnapshotWaiting: r.snap.NumWaiting, SnapshotRunning: r.snap.NumRunning, SnapshotSeq: s.snapSeq,
-			PendingPrefill: r.pendingPrefill}
+	o.PromptTokens = len(req.Prompt)
+	bs := s.cfg.Scheduler.BlockSize
+	var placing *dp.Request
+	if req.Blocks != nil {
+		if len(req.Blocks) != len(req.Prompt)/bs {
+			return fmt.Errorf("vsim: request %d comes with %d block hashes; its prompt has %d full blocks of %d tokens", f.i, len(req.Blocks), len(req.Prompt)/bs, bs)
+		}
+		placing = &dp.Request{PromptTokens: len(req.Prompt), Blocks: req.Blocks, BlockSize: bs}
+	} else {
+		placing = dp.NewRequest(req.Prompt, bs, "")
 	}
-	placing := dp.NewRequest(req.Prompt, s.cfg.Scheduler.BlockSize, "")
 	j := s.cfg.Policy.Pick(placing, s.loads)
 	if j < 0 {
 		return ErrNoRank
 	}
 	o.Rank = j
-	o.prefill = len(req.Prompt) - placing.Cached
+	p := s.progs[slot]
+	p.prefill = len(req.Prompt) - placing.Cached
 	r := s.ranks[j]
 	// The blocks hashed to balance are the engine's: no block is hashed
 	// twice.
-	err := r.sched.Add(engine.NewRequest{ID: strconv.Itoa(i), Prompt: req.Prompt, Client: i, BlockHashes: placing.Blocks,
+	err := r.sched.Add(engine.NewRequest{ID: strconv.Itoa(f.i), Prompt: req.Prompt, Client: p, BlockHashes: placing.Blocks, PromptHash: req.PromptHash,
 		Sampling: engine.SamplingParams{MaxTokens: req.MaxTokens, IgnoreEOS: true}, Arrival: s.start.Add(s.now)})
+	// The engine holds what it needs of the request.
+	f.req = Request{}
 	if err != nil {
 		o.Err, o.End = err, s.now
-		s.ended()
+		s.ended(slot)
 		return nil
 	}
 	r.inflight++
-	r.pendingPrefill += o.prefill
+	r.pendingPrefill += p.prefill
+	s.refresh(j)
 	s.dirty = true
 	if s.cfg.ExpertParallel {
 		stamp, notify := s.frontend.Dispatch()
@@ -383,7 +592,7 @@ func (s *simulation) pump(i int) {
 	if r.busy || !r.sched.HasWork() {
 		return
 	}
-	b := r.sched.Schedule()
+	b := r.sched.ScheduleInto(&r.step)
 	if b.Empty() {
 		// Nothing fits (every request waits for blocks that only a
 		// finishing request frees): the next step's end retries.
@@ -466,10 +675,22 @@ func (s *simulation) stepDone(i int) {
 	r := s.ranks[i]
 	b := r.batch
 	r.busy, r.batch = false, nil
-	for _, o := range r.sched.Update(b, r.res) {
-		s.output(i, o)
+	outs := r.sched.AppendUpdate(s.outs[:0], b, r.res)
+	// Tokens first, then endings, for the reason the scheduler's Update
+	// takes two passes: the requests' flights were last touched a step
+	// ago. Only the order of gaps against endings differs from one pass.
+	for _, o := range outs {
+		s.tokens(i, o)
 	}
+	for _, o := range outs {
+		if o.Finish != engine.NotFinished {
+			s.end(i, o.Client.(*progress).slot)
+		}
+	}
+	clear(outs)
+	s.outs = outs[:0]
 	r.stats = r.sched.Stats()
+	s.refresh(i)
 	s.dirty = true
 	if s.cfg.ExpertParallel && b.Collective != nil {
 		ended, reportComplete, startOthers := r.wave.Finish(r.reports, r.sched.HasWork())
@@ -489,33 +710,42 @@ func (s *simulation) stepDone(i int) {
 	s.work = append(s.work, i)
 }
 
-func (s *simulation) output(i int, out engine.Output) {
-	o := &s.out.Requests[out.Client.(int)]
-	if out.First && !o.cachedKnown {
-		o.CachedTokens, o.cachedKnown = out.NumCachedTokens, true
+// tokens counts an output's new tokens for its request.
+func (s *simulation) tokens(i int, out engine.Output) {
+	p := out.Client.(*progress)
+	if out.First && !p.cachedKnown {
+		p.cached, p.cachedKnown = out.NumCachedTokens, true
 	}
 	for range out.NewTokens {
-		if !o.firstSeen {
-			o.First, o.firstSeen = s.now, true
-			s.ranks[i].pendingPrefill -= o.prefill
+		if !p.firstSeen {
+			p.first, p.firstSeen = s.now, true
+			s.ranks[i].pendingPrefill -= p.prefill
 		} else {
-			s.out.ITL = append(s.out.ITL, s.now-o.lastToken)
+			s.rec.Gap(s.now - p.lastToken)
 		}
-		o.lastToken = s.now
-		o.Tokens++
-	}
-	if out.Finish != engine.NotFinished {
-		o.End = s.now
-		s.ranks[i].inflight--
-		s.out.Ranks[i].Served++
-		s.ended()
+		p.lastToken = s.now
+		p.tokens++
 	}
 }
 
-// ended counts a request out, and in a closed loop sends the next.
-func (s *simulation) ended() {
-	s.left--
+// end ends the request in slot, which finished at rank i.
+func (s *simulation) end(i, slot int) {
+	s.flights[slot].out.End = s.now
+	s.ranks[i].inflight--
+	s.out.Ranks[i].Served++
+	s.ended(slot)
+}
+
+// ended counts the request in slot out, hands its outcome over, frees its
+// slot, and in a closed loop sends the next request.
+func (s *simulation) ended(slot int) {
+	s.open--
 	s.out.Makespan = max(s.out.Makespan, s.now)
+	f, p := &s.flights[slot], s.progs[slot]
+	f.out.First, f.out.Tokens, f.out.CachedTokens = p.first, p.tokens, p.cached
+	s.rec.Ended(f.i, f.out)
+	*f = flight{}
+	s.free = append(s.free, slot)
 	if s.cfg.Concurrency > 0 {
 		s.issueNext()
 	}
@@ -529,8 +759,9 @@ func (s *simulation) publish() {
 	}
 	s.dirty = false
 	s.snapSeq++
-	for _, r := range s.ranks {
+	for i, r := range s.ranks {
 		r.snap = r.stats
+		s.refresh(i)
 	}
 	if s.cfg.ExpertParallel {
 		s.observe()

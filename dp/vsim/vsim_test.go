@@ -9,6 +9,7 @@ import (
 
 	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/dp"
+	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/sim"
 )
 
@@ -175,3 +176,81 @@ func TestWavesRunDummyStepsForIdleRanks(t *testing.T) {
 		t.Fatalf("dummy share %v, want 128/168", share)
 	}
 }
+
+// TestRunTakesArrivalsInAnyOrder: Run streams the requests in the order
+// of their arrivals, and hands each outcome back at its request's place.
+func TestRunTakesArrivalsInAnyOrder(t *testing.T) {
+	p := profile(t, "llama-3.1-8b-h100")
+	reqs := workload(300, 40, 4)
+	shuffled := slices.Clone(reqs)
+	rand.New(rand.NewPCG(4, 4)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	run := func(reqs []Request) map[time.Duration]Outcome {
+		res, err := Run(Config{Ranks: 3, Profile: p, Policy: dp.NewLiveLoad(8192)}, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byArrival := map[time.Duration]Outcome{}
+		for i, o := range res.Requests {
+			if o.Arrival != reqs[i].Arrival || o.PromptTokens != len(reqs[i].Prompt) {
+				t.Fatalf("outcome %d is another request's: %+v", i, o)
+			}
+			byArrival[o.Arrival] = o
+		}
+		return byArrival
+	}
+	in, out := run(reqs), run(shuffled)
+	for at, o := range in {
+		if out[at] != o {
+			t.Fatalf("request arriving at %v: %+v in order, %+v shuffled", at, o, out[at])
+		}
+	}
+}
+
+// TestStreamRefusesArrivalsBackInTime: a source must hand requests over
+// in the order they arrive.
+func TestStreamRefusesArrivalsBackInTime(t *testing.T) {
+	p := profile(t, "llama-3.1-8b-h100")
+	reqs := workload(20, 40, 5)
+	reqs[10].Arrival = reqs[3].Arrival
+	next := 0
+	src := func() (Request, bool) {
+		if next == len(reqs) {
+			return Request{}, false
+		}
+		next++
+		return reqs[next-1], true
+	}
+	if _, err := Stream(Config{Ranks: 2, Profile: p, Policy: &dp.RoundRobin{}}, src, discard{}); err == nil {
+		t.Fatal("a request arriving before the one before it was taken")
+	}
+}
+
+// TestBlocksHashedAheadMustFitThePrompt: block hashes handed over with a
+// request are the prompt's, or the run stops.
+func TestBlocksHashedAheadMustFitThePrompt(t *testing.T) {
+	p := profile(t, "llama-3.1-8b-h100")
+	req := workload(1, 1, 6)[0]
+	req.Blocks = engine.PrefixHashes(req.Prompt[:len(req.Prompt)-32], p.BlockSize, "")
+	if _, err := Run(Config{Ranks: 1, Profile: p, Policy: &dp.RoundRobin{}}, []Request{req}); err == nil {
+		t.Fatal("a request with two blocks' hashes missing was taken")
+	}
+	req.Blocks = engine.PrefixHashes(req.Prompt, p.BlockSize, "")
+	req.PromptHash = engine.PromptHash(req.Prompt, nil)
+	res, err := Run(Config{Ranks: 1, Profile: p, Policy: &dp.RoundRobin{}}, []Request{req})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Blocks, req.PromptHash = nil, 0
+	again, err := Run(Config{Ranks: 1, Profile: p, Policy: &dp.RoundRobin{}}, []Request{req})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests[0] != again.Requests[0] {
+		t.Fatalf("hashed ahead %+v, hashed by the run %+v", res.Requests[0], again.Requests[0])
+	}
+}
+
+type discard struct{}
+
+func (discard) Gap(time.Duration)  {}
+func (discard) Ended(int, Outcome) {}

@@ -541,16 +541,17 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 		ctx.Send(n.api, &nodeUp{name: ev.Name, meta: ev.Meta})
 	case MemberLeft:
 		delete(n.gone, ev.Name)
-		n.memberGone(ctx, ev.Name)
+		n.memberGone(ctx, ev.Name, true)
 	}
 	n.reelect(ctx)
 }
 
 // memberGone forgets a member that left, was declared dead by gossip or
 // was found gone: the coordinator stops waiting for its ranks, whoever
-// watches its actors hears Terminated, and the API server stops sending
-// to it.
-func (n *nodeActor) memberGone(ctx actor.Context, name string) {
+// watches its actors hears Terminated (when cut: a hung node's
+// connections may still be open), and the API server stops sending to
+// it.
+func (n *nodeActor) memberGone(ctx actor.Context, name string, cut bool) {
 	left, known := n.members[name]
 	if !known {
 		return
@@ -570,7 +571,7 @@ func (n *nodeActor) memberGone(ctx actor.Context, name string) {
 	// a new incarnation already holds the address (a node restarted
 	// before its death was declared): that would cut the new one's
 	// connections, and the messages on them.
-	if addr := left.ActorAddress; addr != "" && !slices.ContainsFunc(slices.Collect(maps.Values(n.members)),
+	if addr := left.ActorAddress; cut && addr != "" && !slices.ContainsFunc(slices.Collect(maps.Values(n.members)),
 		func(m *dpnodev1.NodeMeta) bool { return m.ActorAddress == addr }) {
 		ctx.ActorSystem().EventStream.Publish(&remote.EndpointTerminatedEvent{Address: addr})
 	}
@@ -687,7 +688,10 @@ func (n *nodeActor) peerGone(ctx actor.Context, msg *peerGone) {
 		"node", msg.name, "address", msg.address, "error", msg.err)
 	n.metrics.nodesFoundGone.Inc()
 	n.gone[msg.name] = m
-	n.memberGone(ctx, msg.name)
+	// Not cut: the transport lost its connection to it already (that is
+	// what set the probe off), and a new incarnation at the address may
+	// be connected by now, which a cut would sever.
+	n.memberGone(ctx, msg.name, false)
 	n.recheckLater(ctx, msg.name)
 	n.reelect(ctx)
 }

@@ -116,14 +116,7 @@ func transportConfig(bindHost, advertiseHost string, port int, tlsFiles TLSFiles
 		remote.WithDialOptions(grpc.WithTransportCredentials(creds),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true})),
 	}
-	cfg := remote.Configure(bindHost, port, opts...)
-	// One connection attempt per endpoint: a failed attempt's connection
-	// is never closed by the transport, and keeps redialling in the
-	// background, so a dead peer's address would gather one per retry,
-	// and each would connect to the peer's next incarnation and stay.
-	// Whoever sends to a peer retries at its own level.
-	cfg.MaxRetryCount = 1
-	return cfg, nil
+	return remote.Configure(bindHost, port, opts...), nil
 }
 
 // Keepalive of the actor transport's connections.

@@ -186,7 +186,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		sm = Simulation{Ranks: o.ranks, Profile: profile, ExpertParallel: o.expertParallel, RanksPerNode: o.ranksPerNode, Seed: o.seed}
+		sm = Simulation{Ranks: o.ranks, Profile: profile, ExpertParallel: o.expertParallel, RanksPerNode: o.ranksPerNode, Seed: o.seed, Context: ctx}
 		target = fmt.Sprintf("simulated: %d ranks of %s (policies %s)", o.ranks, profile.Name, strings.Join(o.policies, ", "))
 		bench = func(next Items, l Load, policy, label string) (Summary, []Outcome, error) {
 			fmt.Fprintf(progress, "%s: simulating...\r", label)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"time"
@@ -18,6 +19,8 @@ type Simulation struct {
 	ExpertParallel bool
 	RanksPerNode   int
 	Seed           uint64
+	// Context stops a run when done (Ctrl-C); nil never.
+	Context context.Context
 }
 
 // simConfig is the simulator's configuration of sm with the named policy,
@@ -33,7 +36,7 @@ func simConfig(sm Simulation, policy string, l Load) (vsim.Config, error) {
 		conc = max(l.Concurrency, 1)
 	}
 	return vsim.Config{Ranks: sm.Ranks, Profile: sm.Profile, Scheduler: cfg, Policy: pol,
-		ExpertParallel: sm.ExpertParallel, RanksPerNode: sm.RanksPerNode, Concurrency: conc}, nil
+		ExpertParallel: sm.ExpertParallel, RanksPerNode: sm.RanksPerNode, Concurrency: conc, Context: sm.Context}, nil
 }
 
 // runSim runs items on the simulated deployment with the named policy,

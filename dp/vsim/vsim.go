@@ -86,6 +86,9 @@ type Config struct {
 	// Concurrency > 0 runs a closed loop: that many clients, each sending
 	// its next request when the previous one ends; arrivals are ignored.
 	Concurrency int
+	// Context, when set, stops the run when it is done (Ctrl-C on a run
+	// of minutes); the run then returns its error.
+	Context context.Context
 }
 
 // Outcome is how one request went. Times are from the start.
@@ -344,6 +347,10 @@ func gaps(reqs []Request) int {
 // describes, taking each when the simulation reaches its arrival (in a
 // closed loop, when a client is free), and hands rec every outcome and
 // inter-token gap as it happens. The result holds no per-request data.
+// cancelCheckEvents is how often a run looks at its context: every few
+// milliseconds of wall time.
+const cancelCheckEvents = 4096
+
 func Stream(cfg Config, src Source, rec Recorder) (*Result, error) {
 	switch {
 	case cfg.Ranks < 1:
@@ -421,6 +428,9 @@ func Stream(cfg Config, src Source, rec Recorder) (*Result, error) {
 		}
 		s.now = ev.at
 		s.out.Events++
+		if s.out.Events%cancelCheckEvents == 0 && cfg.Context != nil && cfg.Context.Err() != nil {
+			return nil, fmt.Errorf("vsim: stopped after %d events: %w", s.out.Events, cfg.Context.Err())
+		}
 		switch ev.kind {
 		case arrive:
 			if err := s.arrive(ev.slot); err != nil {

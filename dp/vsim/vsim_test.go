@@ -2,6 +2,8 @@ package vsim
 
 import (
 	"cmp"
+	"context"
+	"errors"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -254,3 +256,19 @@ type discard struct{}
 
 func (discard) Gap(time.Duration)  {}
 func (discard) Ended(int, Outcome) {}
+
+// TestACancelledRunStops: a run whose context is done returns its error
+// instead of simulating on.
+func TestACancelledRunStops(t *testing.T) {
+	p := profile(t, "llama-3.1-8b-h100")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := Run(Config{Ranks: 4, Profile: p, Policy: dp.NewLiveLoad(8192), Context: ctx}, workload(2000, 40, 3))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cancelled run returned %v, want context.Canceled", err)
+	}
+	res, err := Run(Config{Ranks: 4, Profile: p, Policy: dp.NewLiveLoad(8192), Context: context.Background()}, workload(2000, 40, 3))
+	if err != nil || res.Events < cancelCheckEvents {
+		t.Fatalf("a live context: %v after %d events (the check must have run)", err, res.Events)
+	}
+}

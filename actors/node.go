@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
-	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -571,8 +569,7 @@ func (n *nodeActor) memberGone(ctx actor.Context, name string, cut bool) {
 	// a new incarnation already holds the address (a node restarted
 	// before its death was declared): that would cut the new one's
 	// connections, and the messages on them.
-	if addr := left.ActorAddress; cut && addr != "" && !slices.ContainsFunc(slices.Collect(maps.Values(n.members)),
-		func(m *dpnodev1.NodeMeta) bool { return m.ActorAddress == addr }) {
+	if addr := left.ActorAddress; cut && addr != "" && n.memberAt(addr) == "" {
 		ctx.ActorSystem().EventStream.Publish(&remote.EndpointTerminatedEvent{Address: addr})
 	}
 	ctx.Send(n.api, &nodeDown{name: name})
@@ -588,15 +585,19 @@ func (n *nodeActor) memberGone(ctx actor.Context, name string, cut bool) {
 // accepted by the kernel. So a refusal is taken as death at once, and
 // anything else (accepted, timed out, unreachable) is left to gossip.
 func (n *nodeActor) probe(ctx actor.Context, addr string) {
-	var name string
-	for nm, m := range n.members {
-		if nm != n.cfg.Name && m.ActorAddress == addr {
-			name = nm
-		}
-	}
-	if name != "" {
+	if name := n.memberAt(addr); name != "" && name != n.cfg.Name {
 		n.probeMember(ctx, name, addr)
 	}
+}
+
+// memberAt names the member whose actors are at addr, or "".
+func (n *nodeActor) memberAt(addr string) string {
+	for name, m := range n.members {
+		if m.ActorAddress == addr {
+			return name
+		}
+	}
+	return ""
 }
 
 func (n *nodeActor) probeMember(ctx actor.Context, name, addr string) {
@@ -667,7 +668,7 @@ func (n *nodeActor) peerGone(ctx actor.Context, msg *peerGone) {
 			n.recheckLater(ctx, msg.name)
 			return
 		}
-		if slices.ContainsFunc(slices.Collect(maps.Values(n.members)), func(m *dpnodev1.NodeMeta) bool { return m.ActorAddress == msg.address }) {
+		if n.memberAt(msg.address) != "" {
 			// A new incarnation answers at the address: the one found
 			// gone stays gone until gossip says so too.
 			return

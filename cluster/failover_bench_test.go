@@ -1,12 +1,10 @@
 package cluster_test
 
 import (
-	"context"
 	"fmt"
 	"os/exec"
 	"regexp"
 	"slices"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -52,43 +50,6 @@ func (c *failoverCluster) stop() {
 	}
 }
 
-// load runs closed-loop clients against B until stop is closed, and
-// returns how many requests were sent and how many failed.
-func (c *failoverCluster) load(clients int, stop <-chan struct{}) func() (sent, failed int, first error) {
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	var sent, failed int
-	var first error
-	for w := range clients {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				status, body, err := complete(context.Background(), c.b.url, fmt.Sprintf(`{"prompt":"failover %d %d","max_tokens":24,"ignore_eos":true}`, w, i), nil)
-				if err == nil && status != 200 {
-					err = fmt.Errorf("status %d: %s", status, body)
-				}
-				mu.Lock()
-				sent++
-				if err != nil {
-					failed++
-					if first == nil {
-						first = err
-					}
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	return func() (int, int, error) {
-		wg.Wait()
-		return sent, failed, first
-	}
-}
-
 // newEpochAt is when B started the coordinator, from its log.
 func (c *failoverCluster) newEpochAt(tb testing.TB, timeout time.Duration) (time.Time, bool) {
 	deadline := time.Now().Add(timeout)
@@ -104,6 +65,18 @@ func (c *failoverCluster) newEpochAt(tb testing.TB, timeout time.Duration) (time
 // reMoved is B's log line when it moved the requests off a dead node's
 // rank.
 var reMoved = regexp.MustCompile(`a node left; moved the requests on its ranks`)
+
+// signalCoordinator sends sig to H1, the coordinator's node, and returns
+// when it did and how long until B ran a new coordinator.
+func (c *failoverCluster) signalCoordinator(b *testing.B, sig syscall.Signal, timeout time.Duration) (time.Time, time.Duration) {
+	sent := time.Now()
+	c.h1.signal(sig)
+	at, ok := c.newEpochAt(b, timeout)
+	if !ok {
+		b.Fatalf("no new coordinator within %v of %v", timeout, sig)
+	}
+	return sent, at.Sub(sent)
+}
 
 // failoverStats collects one figure per try.
 type failoverStats struct {
@@ -147,18 +120,15 @@ func BenchmarkFailover(b *testing.B) {
 		for range b.N {
 			c := startFailoverCluster(b)
 			stop := make(chan struct{})
-			wait := c.load(8, stop)
+			wait := closedLoop(c.b.url, 8, stop, func(w, i int) string {
+				return fmt.Sprintf(`{"prompt":"failover %d %d","max_tokens":24,"ignore_eos":true}`, w, i)
+			})
 			time.Sleep(500 * time.Millisecond)
-			killed := time.Now()
-			c.h1.signal(syscall.SIGKILL)
-			at, ok := c.newEpochAt(b, 15*time.Second)
-			if !ok {
-				b.Fatalf("no new coordinator within 15 s of kill -9")
-			}
-			epoch.add(at.Sub(killed))
-			if at.Sub(killed) > 500*time.Millisecond {
+			killed, took := c.signalCoordinator(b, syscall.SIGKILL, 15*time.Second)
+			epoch.add(took)
+			if took > 500*time.Millisecond {
 				// What B heard, for a slow try.
-				b.Logf("slow try: new epoch %v after the kill; B's log:\n%s", at.Sub(killed), c.b.logs)
+				b.Logf("slow try: new epoch %v after the kill; B's log:\n%s", took, c.b.logs)
 			}
 			if line, _ := c.b.logs.find(reMoved, 0); line != "" {
 				move.add(logTime(b, line).Sub(killed))
@@ -181,13 +151,8 @@ func BenchmarkFailover(b *testing.B) {
 		epoch := &failoverStats{b: b, name: "epoch"}
 		for range b.N {
 			c := startFailoverCluster(b)
-			stopped := time.Now()
-			c.h1.signal(syscall.SIGSTOP)
-			at, ok := c.newEpochAt(b, 20*time.Second)
-			if !ok {
-				b.Fatalf("no new coordinator within 20 s of SIGSTOP")
-			}
-			epoch.add(at.Sub(stopped))
+			_, took := c.signalCoordinator(b, syscall.SIGSTOP, 20*time.Second)
+			epoch.add(took)
 			c.stop()
 		}
 		epoch.report()

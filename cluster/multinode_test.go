@@ -152,34 +152,7 @@ func TestCoordinatorNodeKilled(t *testing.T) {
 	// Load on B throughout: requests keep starting until the new
 	// coordinator runs, and none may fail.
 	stop := make(chan struct{})
-	var failed, sent int
-	var firstErr error
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				status, body, err := complete(context.Background(), b.url, fmt.Sprintf(`{"prompt":"load %d %d","max_tokens":8}`, w, i), nil)
-				mu.Lock()
-				sent++
-				if err == nil && status != 200 {
-					err = fmt.Errorf("status %d: %s", status, body)
-				}
-				if err != nil {
-					failed++
-					if firstErr == nil {
-						firstErr = err
-					}
-				}
-				mu.Unlock()
-			}
-		})
-	}
+	wait := closedLoop(b.url, 8, stop, func(w, i int) string { return fmt.Sprintf(`{"prompt":"load %d %d","max_tokens":8}`, w, i) })
 	time.Sleep(300 * time.Millisecond)
 	killed := time.Now()
 	a.signal(syscall.SIGKILL)
@@ -192,7 +165,7 @@ func TestCoordinatorNodeKilled(t *testing.T) {
 	})
 	failover := time.Since(killed)
 	close(stop)
-	wg.Wait()
+	sent, failed, firstErr := wait()
 	if failed > 0 {
 		t.Fatalf("%d of %d requests to the survivor failed; first: %v", failed, sent, firstErr)
 	}

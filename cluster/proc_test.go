@@ -292,6 +292,46 @@ func (p *proc) metric(name string, want map[string]string) float64 {
 	return total
 }
 
+// closedLoop runs clients that each send completions to url, one after
+// another, until stop is closed; body gives client w's i-th request. The
+// returned function waits for them and says how many requests were sent,
+// how many failed (an error or a status other than 200), and the first
+// failure.
+func closedLoop(url string, clients int, stop <-chan struct{}, body func(w, i int) string) func() (sent, failed int, first error) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var sent, failed int
+	var first error
+	for w := range clients {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				status, resp, err := complete(context.Background(), url, body(w, i), nil)
+				if err == nil && status != 200 {
+					err = fmt.Errorf("status %d: %s", status, resp)
+				}
+				mu.Lock()
+				sent++
+				if err != nil {
+					failed++
+					if first == nil {
+						first = err
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	return func() (int, int, error) {
+		wg.Wait()
+		return sent, failed, first
+	}
+}
+
 // complete sends one completion and returns its status and body.
 func complete(ctx context.Context, url, body string, header map[string]string) (int, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewBufferString(body))

@@ -12,24 +12,21 @@ import (
 )
 
 // engineWaves is an engine's expert-parallel part: it carries out what
-// dp.EngineWave decides. Every step of a wave, the engine schedules its
-// batch (a dummy one when it has no work), sends its StepReport to every
-// other rank of the group, and runs the batch once it holds every rank's
-// report, for as long as the slowest rank's step takes.
+// dp.WaveStepper decides, the step loop the simulator runs too. Every step
+// of a wave, the engine schedules its batch (a dummy one when it has no
+// work), sends its StepReport to every other rank of the group, and runs
+// the batch once it holds every rank's report, for as long as the slowest
+// rank's step takes.
 type engineWaves struct {
 	rank int
 	// addr is this node's actor address: a group with a member elsewhere
 	// steps across nodes.
 	addr      string
-	w         *dp.EngineWave
+	w         *dp.WaveStepper
 	peers     map[int]*actor.PID
 	crossNode bool
-	// pending is the batch of the step whose collective is open; reports
-	// are that step's, once complete.
-	pending *engine.Batch
-	reports []dp.StepReport
-	// solo marks a pending batch run after the engine left its group: it
-	// runs alone and ends no wave.
+	// solo marks a batch run after the engine left its group: it runs
+	// alone and ends no wave.
 	solo bool
 	// trigger is when the wave the engine is entering was asked for;
 	// waveTrigger is the same for the wave it steps in, passed on in its
@@ -57,7 +54,7 @@ type groupStatus struct {
 }
 
 func newEngineWaves(rank int, addr string) *engineWaves {
-	return &engineWaves{rank: rank, addr: addr, w: dp.NewEngineWave(rank), peers: make(map[int]*actor.PID)}
+	return &engineWaves{rank: rank, addr: addr, w: dp.NewWaveStepper(rank), peers: make(map[int]*actor.PID)}
 }
 
 // join asks the coordinator for a place in the group.
@@ -147,12 +144,10 @@ func (ew *engineWaves) setGroup(ctx actor.Context, e *EngineActor, m *dpnodev1.G
 	switch {
 	case excluded:
 		ew.stopTimer()
-		if wasAwaiting && ew.pending != nil {
+		if batch := ew.w.Abandon(); wasAwaiting && batch != nil {
 			// The batch was scheduled: run it, alone, so that the
 			// scheduler's step completes; its requests are moving away.
 			ew.solo = true
-			batch := ew.pending
-			ew.pending = nil
 			e.launch(ctx, batch)
 		}
 		if !ew.out {
@@ -176,17 +171,9 @@ func (ew *engineWaves) pump(ctx actor.Context, e *EngineActor) {
 	if e.inFlight != nil {
 		return
 	}
-	if _, running := ew.w.Wave(); !running || !ew.w.InGroup() {
-		return
-	}
 	now := time.Now()
-	if !ew.w.Awaiting() {
-		batch := &engine.Batch{}
-		if e.sched.HasWork() {
-			batch = e.sched.Schedule()
-		}
-		ew.pending = batch
-		own := ew.w.Begin(batch.NumTokens(), e.sched.HasWork(), batch.Shape, now)
+	st := ew.w.Pump(e.sched, ew.crossNode, now)
+	if st.Opened {
 		if ew.began.IsZero() {
 			ew.began, ew.waveTrigger = now, ew.trigger
 			if !ew.trigger.IsZero() {
@@ -194,30 +181,21 @@ func (ew *engineWaves) pump(ctx actor.Context, e *EngineActor) {
 			}
 		}
 		ew.awaitSince = now
-		ew.broadcast(ctx, own)
+		ew.broadcast(ctx, st.Own)
 		ew.armTimer(ctx, e)
 	}
-	reports, ok := ew.w.Complete()
-	if !ok {
+	if st.Run == nil {
 		return
 	}
 	ew.stopTimer()
 	e.cfg.Metrics.collectiveWait.Observe(now.Sub(ew.awaitSince).Seconds())
-	batch := ew.pending
-	ew.pending, ew.reports = nil, reports
-	c := &engine.Collective{CrossNode: ew.crossNode}
-	for _, r := range reports {
-		c.Shapes = append(c.Shapes, r.Shape)
-		c.TotalTokens += r.Tokens
-	}
-	batch.Collective = c
-	if len(batch.Requests) == 0 {
+	if st.Dummy() {
 		e.cfg.Metrics.dummySteps.Inc()
 	}
-	if c.TotalTokens > 0 {
-		e.cfg.Metrics.balance.Observe(dp.BalanceRatio(reports))
+	if st.Run.Collective.TotalTokens > 0 {
+		e.cfg.Metrics.balance.Observe(dp.BalanceRatio(st.Reports))
 	}
-	e.launch(ctx, batch)
+	e.launch(ctx, st.Run)
 }
 
 // stepped closes a step of the wave after it ran.
@@ -226,8 +204,7 @@ func (ew *engineWaves) stepped(ctx actor.Context, e *EngineActor, _ *engine.Batc
 		ew.solo = false
 		return
 	}
-	ended, reportComplete, startOthers := ew.w.Finish(ew.reports, e.sched.HasWork())
-	ew.reports = nil
+	ended, reportComplete, startOthers := ew.w.Stepped(e.sched.HasWork())
 	now := time.Now()
 	if ended != nil {
 		e.cfg.Metrics.waves.Inc()

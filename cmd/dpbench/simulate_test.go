@@ -48,7 +48,7 @@ func TestStreamedSimulationIsGolden(t *testing.T) {
 	if _, err := vsim.Stream(cfg, src, &got); err != nil {
 		t.Fatal(err)
 	}
-	want := readGolden(t)
+	want := readGolden(t, goldenFile)
 	if len(got) != len(want) {
 		t.Fatalf("%d requests, the golden run has %d", len(got), len(want))
 	}

@@ -6,7 +6,11 @@
 source "$(dirname "$0")/common.sh"
 REQUESTS=${REQUESTS:-3000}
 LOADS=${LOADS:-0.5,0.8,0.95}
-work=(--input-len lognormal:1000,1 --input-max 16384 --output-len lognormal:200,1 --output-max 2048 --requests "$REQUESTS" --seed 7)
+# SEED draws another workload of the same shape; TAG names a repeat's
+# results (balance-TAG-POLICY.json) and leaves the plot of the first alone.
+SEED=${SEED:-7}
+TAG=${TAG:+$TAG-}
+work=(--input-len lognormal:1000,1 --input-max 16384 --output-len lognormal:200,1 --output-max 2048 --requests "$REQUESTS" --seed "$SEED")
 CAPACITY=${CAPACITY:-$("$DPBENCH" --simulate --ranks 4 "${work[@]}" --load 1 --requests 1 --quiet | awk '/^capacity:/ {print $2}')}
 echo "capacity of four ranks (simulated): $CAPACITY requests/s"
 for policy in ${POLICIES:-live vllm round-robin p2c}; do
@@ -14,7 +18,7 @@ for policy in ${POLICIES:-live vllm round-robin p2c}; do
     --gpus 4 --balance-policy "$policy" --log-level warn 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!)
   wait_http http://127.0.0.1:18000/health
   "$DPBENCH" --url http://127.0.0.1:18000 --label "dpnode $policy" --capacity "$CAPACITY" --load "$LOADS" "${work[@]}" --quiet \
-    --out "$OUT/balance-$policy.json"
+    --out "$OUT/balance-$TAG$policy.json"
   stop_all
 done
 # nginx least_conn in front of four external-mode ranks.
@@ -57,7 +61,9 @@ nginx -c "$conf" -g 'daemon off;' & PIDS+=($!)
 wait_http http://127.0.0.1:18080/v1/models
 metrics=http://127.0.0.1:18100/metrics,http://127.0.0.1:18101/metrics,http://127.0.0.1:18102/metrics,http://127.0.0.1:18103/metrics
 "$DPBENCH" --url http://127.0.0.1:18080 --metrics-url "$metrics" --label "nginx least_conn" --capacity "$CAPACITY" --load "$LOADS" "${work[@]}" --quiet \
-  --out "$OUT/balance-nginx.json"
+  --out "$OUT/balance-${TAG}nginx.json"
 stop_all
 fi
-"$DPBENCH" plot "$OUT"/balance-*.json --out docs/bench/balance.svg --title "four ranks, real processes: lognormal prompts (median 1000) and outputs (median 200)"
+if [ -z "$TAG" ]; then
+  "$DPBENCH" plot "$OUT"/balance-{live,vllm,round-robin,p2c,nginx}.json --out docs/bench/balance.svg --title "four ranks, real processes: lognormal prompts (median 1000) and outputs (median 200)"
+fi

@@ -5,8 +5,11 @@ cd "$(dirname "$0")/../.."
 export PATH="/usr/local/go/bin:$PATH"
 OUT=${OUT:-docs/bench/results}
 mkdir -p "$OUT" /tmp/dpnode-bench
-go build -o /tmp/dpnode-bench/dpnode ./cmd/dpnode
-go build -o /tmp/dpnode-bench/dpbench ./cmd/dpbench
+# BUILT=1: the binaries are already there (a script that runs others builds once).
+if [ "${BUILT:-0}" != 1 ]; then
+  go build -o /tmp/dpnode-bench/dpnode ./cmd/dpnode
+  go build -o /tmp/dpnode-bench/dpbench ./cmd/dpbench
+fi
 DPNODE=/tmp/dpnode-bench/dpnode
 DPBENCH=/tmp/dpnode-bench/dpbench
 PIDS=()

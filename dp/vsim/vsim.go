@@ -252,11 +252,9 @@ type rank struct {
 	pendingPrefill int
 	// snap is the rank's load in the last snapshot.
 	snap engine.Stats
-	// Expert parallelism: the wave state, and the open step's batch and
-	// reports.
-	wave    *dp.EngineWave
-	pending *engine.Batch
-	reports []dp.StepReport
+	// wave is the rank's step loop with expert parallelism, the engine
+	// actor's.
+	wave *dp.WaveStepper
 }
 
 type simulation struct {
@@ -396,7 +394,7 @@ func Stream(cfg Config, src Source, rec Recorder) (*Result, error) {
 			g = s.coord.Join(i)
 		}
 		for i, r := range s.ranks {
-			r.wave = dp.NewEngineWave(i)
+			r.wave = dp.NewWaveStepper(i)
 			r.wave.SetGroup(*g)
 		}
 	}
@@ -613,44 +611,28 @@ func (s *simulation) pump(i int) {
 }
 
 // pumpWave opens a rank's next step of the wave, and runs it once every
-// member has reported, as an engine actor does.
+// member has reported: the engine actor's loop (dp.WaveStepper).
 func (s *simulation) pumpWave(i int) {
 	r := s.ranks[i]
 	if r.busy {
 		return
 	}
-	if _, running := r.wave.Wave(); !running || !r.wave.InGroup() {
+	st := r.wave.Pump(r.sched, s.cfg.RanksPerNode > 0 && s.cfg.Ranks > s.cfg.RanksPerNode, s.start.Add(s.now))
+	if st.Opened {
+		s.broadcast(i, st.Own)
+	}
+	if st.Run == nil {
 		return
 	}
-	if !r.wave.Awaiting() {
-		b := &engine.Batch{}
-		if r.sched.HasWork() {
-			b = r.sched.Schedule()
-		}
-		r.pending = b
-		own := r.wave.Begin(b.NumTokens(), r.sched.HasWork(), b.Shape, s.start.Add(s.now))
-		s.broadcast(i, own)
-	}
-	reports, ok := r.wave.Complete()
-	if !ok {
-		return
-	}
-	b := r.pending
-	r.pending, r.reports = nil, reports
-	c := &engine.Collective{CrossNode: s.cfg.RanksPerNode > 0 && s.cfg.Ranks > s.cfg.RanksPerNode}
-	for _, rep := range reports {
-		c.Shapes = append(c.Shapes, rep.Shape)
-		c.TotalTokens += rep.Tokens
-	}
-	b.Collective = c
-	if b.Empty() {
+	if st.Dummy() {
 		s.out.Ranks[i].DummySteps++
 	}
-	if c.TotalTokens > 0 && i == reports[0].Rank {
-		s.out.BalanceRatioMean += dp.BalanceRatio(reports)
+	// Every member sees the same reports: the step counts once.
+	if st.Run.Collective.TotalTokens > 0 && i == st.Reports[0].Rank {
+		s.out.BalanceRatioMean += dp.BalanceRatio(st.Reports)
 		s.balanced++
 	}
-	s.launch(i, b)
+	s.launch(i, st.Run)
 }
 
 // broadcast delivers a rank's step report to every other member.
@@ -703,8 +685,7 @@ func (s *simulation) stepDone(i int) {
 	s.refresh(i)
 	s.dirty = true
 	if s.cfg.ExpertParallel && b.Collective != nil {
-		ended, reportComplete, startOthers := r.wave.Finish(r.reports, r.sched.HasWork())
-		r.reports = nil
+		ended, reportComplete, startOthers := r.wave.Stepped(r.sched.HasWork())
 		if ended != nil {
 			if reportComplete {
 				s.out.Waves++

@@ -160,7 +160,7 @@ type call struct {
 	placing *dp.Request
 	// cached is what the last pick expected the rank to hold of the
 	// prompt; prefill is the tokens the rank has to prefill for the call,
-	// counted in its pendingPrefill until the first output.
+	// counted in its account until the first output.
 	cached, prefill int
 }
 
@@ -317,7 +317,7 @@ func (a *APIServerActor) stopTimers() {
 		if r.local {
 			r.metrics.ready.Set(0)
 		}
-		r.inflight, r.pendingPrefill = 0, 0
+		r.acct = dp.Account{}
 		r.metrics.inflight.Set(0)
 	}
 	if a.parkTimer != nil {
@@ -379,15 +379,14 @@ func (a *APIServerActor) pick(c *call) (*rankState, error) {
 	}
 	a.loads = a.loads[:0]
 	for _, r := range a.ranks {
-		l := dp.RankLoad{Rank: r.rank, Available: r.ready && !r.draining, InFlight: r.inflight, Capacity: a.cfg.MaxNumSeqs}
+		var latest, snap dp.EngineCounts
 		if r.stats != nil {
-			l.Waiting, l.Running, l.KVUsage = int(r.stats.NumWaiting), int(r.stats.NumRunning), float64(r.stats.KvCacheUsage)
+			latest = dp.EngineCounts{Waiting: int(r.stats.NumWaiting), Running: int(r.stats.NumRunning), KVUsage: float64(r.stats.KvCacheUsage)}
 		}
 		if r.snap != nil {
-			l.SnapshotWaiting, l.SnapshotRunning, l.SnapshotSeq = int(r.snap.NumWaiting), int(r.snap.NumRunning), r.snapSeq
+			snap = dp.EngineCounts{Waiting: int(r.snap.NumWaiting), Running: int(r.snap.NumRunning)}
 		}
-		l.PendingPrefill = r.pendingPrefill
-		a.loads = append(a.loads, l)
+		a.loads = append(a.loads, r.acct.Load(r.rank, r.ready && !r.draining, a.cfg.MaxNumSeqs, latest, snap, r.snapSeq))
 	}
 	if c.placing == nil {
 		c.placing = dp.NewRequest(c.sub.Prompt, max(a.cfg.BlockSize, 1), c.sub.CacheSalt)
@@ -415,10 +414,9 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 	}
 	c.rank, c.parkedAt, c.dispatchedAt = r, time.Time{}, time.Now()
 	a.armReconcile()
-	r.inflight++
-	r.metrics.inflight.Set(float64(r.inflight))
-	c.prefill = max(len(c.sub.Prompt)+len(c.output)-c.cached, 0)
-	r.pendingPrefill += c.prefill
+	c.prefill = dp.Prefill(len(c.sub.Prompt)+len(c.output), c.cached)
+	r.acct.Send(c.prefill)
+	r.metrics.inflight.Set(float64(r.acct.InFlight))
 	add := &dpnodev1.AddRequest{
 		RequestId:       c.sub.ID,
 		PromptTokenIds:  c.sub.Prompt,
@@ -518,9 +516,8 @@ func (a *APIServerActor) abort(ctx actor.Context, msg *Abort) {
 // release takes a call off its rank's count.
 func (a *APIServerActor) release(c *call) {
 	if r := c.rank; r != nil {
-		r.inflight--
-		r.metrics.inflight.Set(float64(r.inflight))
-		r.pendingPrefill -= c.prefill
+		r.acct.Release(c.prefill)
+		r.metrics.inflight.Set(float64(r.acct.InFlight))
 		c.rank, c.prefill = nil, 0
 	}
 }
@@ -549,7 +546,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 		}
 		if n := len(o.NewTokenIds); n > 0 {
 			// The engine has prefilled the call.
-			r.pendingPrefill -= c.prefill
+			r.acct.Prefilled(c.prefill)
 			c.prefill = 0
 			if c.firstAt.IsZero() {
 				c.firstAt = now

@@ -24,13 +24,12 @@ type rankState struct {
 	pid   *actor.PID
 	// epoch is the engine incarnation requests are stamped with. A local
 	// rank shares it with the engine's producer.
-	epoch    *atomic.Uint64
-	ready    bool
-	inflight int
-	// pendingPrefill is the prompt tokens the rank has yet to prefill for
-	// this API server's calls (dp.RankLoad.PendingPrefill).
-	pendingPrefill int
-	stats          *dpnodev1.EngineStats
+	epoch *atomic.Uint64
+	ready bool
+	// acct counts this API server's calls in flight at the rank and the
+	// prompt tokens it has yet to prefill for them.
+	acct  dp.Account
+	stats *dpnodev1.EngineStats
 	// snap is the rank's load in the coordinator's last snapshot.
 	snap    *dpnodev1.RankLoad
 	snapSeq uint64

@@ -97,7 +97,7 @@ func (a *APIServerActor) view() *apiServerView {
 	v := &apiServerView{parked: len(a.parked), inFlight: len(a.calls), snapshot: a.snapshot}
 	for _, r := range a.ranks {
 		rv := RankView{Rank: r.rank, Node: r.node, Local: r.local, Balanced: r.local || a.cfg.BalanceRemote,
-			Ready: r.ready, Epoch: r.epoch.Load(), Failed: r.failed, InFlight: r.inflight, PendingPrefill: r.pendingPrefill, Device: r.cfg.Device}
+			Ready: r.ready, Epoch: r.epoch.Load(), Failed: r.failed, InFlight: r.acct.InFlight, PendingPrefill: r.acct.PendingPrefill, Device: r.cfg.Device}
 		for _, t := range r.crashes {
 			if now.Sub(t) <= a.cfg.Restart.Window {
 				rv.Restarts++

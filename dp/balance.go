@@ -443,3 +443,50 @@ type Forgetter interface {
 
 // Forget implements Forgetter.
 func (p *LiveLoad) Forget(rank int) { p.prefix.Forget(rank) }
+
+// Account is an API server's own count of what it has sent one rank: the
+// part of a rank's load that is exact, because it is counted as requests
+// are sent rather than reported by the engine later. The runtime's API
+// server and the simulator keep it the same way, here.
+type Account struct {
+	// InFlight and PendingPrefill are RankLoad's.
+	InFlight       int
+	PendingPrefill int
+}
+
+// Prefill is the tokens a request sent to a rank is expected to make it
+// prefill: its tokens (the prompt, and the output a moved request brings)
+// less those the pick expected the rank to hold in its prefix cache.
+func Prefill(tokens, cached int) int { return max(tokens-cached, 0) }
+
+// Send counts a request sent to the rank that will prefill prefill tokens.
+func (a *Account) Send(prefill int) {
+	a.InFlight++
+	a.PendingPrefill += prefill
+}
+
+// Prefilled counts a request's prefill done: its first token came.
+func (a *Account) Prefilled(prefill int) { a.PendingPrefill -= prefill }
+
+// Release counts a request out of the rank (ended, failed, aborted or
+// moved), with the prefill it still counted (0 once prefilled).
+func (a *Account) Release(prefill int) {
+	a.InFlight--
+	a.PendingPrefill -= prefill
+}
+
+// EngineCounts are an engine's own counts, as it reported them after a
+// step or as a load snapshot carried them.
+type EngineCounts struct {
+	Waiting, Running int
+	KVUsage          float64
+}
+
+// Load is the rank's load as a policy sees it: this account, the engine's
+// latest counts, and those of the snapshot numbered snapSeq.
+func (a Account) Load(rank int, available bool, capacity int, latest, snap EngineCounts, snapSeq uint64) RankLoad {
+	return RankLoad{Rank: rank, Available: available, InFlight: a.InFlight, Capacity: capacity,
+		Waiting: latest.Waiting, Running: latest.Running, KVUsage: latest.KVUsage,
+		SnapshotWaiting: snap.Waiting, SnapshotRunning: snap.Running, SnapshotSeq: snapSeq,
+		PendingPrefill: a.PendingPrefill}
+}

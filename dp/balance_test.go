@@ -290,3 +290,28 @@ func TestPrefixIndexMatchesEachRanksMemory(t *testing.T) {
 		}
 	})
 }
+
+// TestAccountCountsWhatWasSent follows two requests through a rank's
+// account: one prefilled then ended, one released before its first token
+// (moved away); both leave nothing counted.
+func TestAccountCountsWhatWasSent(t *testing.T) {
+	var a Account
+	p1, p2 := Prefill(1000, 256), Prefill(64, 128)
+	if p1 != 744 || p2 != 0 {
+		t.Fatalf("Prefill gave %d and %d, want 744 and 0 (a cached prefix longer than the prompt counts nothing)", p1, p2)
+	}
+	a.Send(p1)
+	a.Send(500)
+	l := a.Load(3, true, 256, EngineCounts{Waiting: 1, Running: 2, KVUsage: 0.5}, EngineCounts{Waiting: 4, Running: 5}, 9)
+	want := RankLoad{Rank: 3, Available: true, InFlight: 2, Capacity: 256, Waiting: 1, Running: 2, KVUsage: 0.5,
+		SnapshotWaiting: 4, SnapshotRunning: 5, SnapshotSeq: 9, PendingPrefill: 1244}
+	if l != want {
+		t.Fatalf("load %+v, want %+v", l, want)
+	}
+	a.Prefilled(p1)
+	a.Release(0)
+	a.Release(500)
+	if a != (Account{}) {
+		t.Fatalf("after every request left, the account still holds %+v", a)
+	}
+}

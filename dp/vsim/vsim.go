@@ -243,13 +243,13 @@ type rank struct {
 	busy  bool
 	// batch is the step in flight; without expert parallelism, step is
 	// the one batch it always is.
-	batch    *engine.Batch
-	step     engine.Batch
-	res      engine.StepResult
-	stats    engine.Stats
-	inflight int
-	// pendingPrefill is PendingPrefill of dp.RankLoad.
-	pendingPrefill int
+	batch *engine.Batch
+	step  engine.Batch
+	res   engine.StepResult
+	stats engine.Stats
+	// acct is the API server's count of the rank's requests, as the
+	// runtime's keeps it.
+	acct dp.Account
 	// snap is the rank's load in the last snapshot.
 	snap engine.Stats
 	// wave is the rank's step loop with expert parallelism, the engine
@@ -505,10 +505,9 @@ func (s *simulation) issueNext() {
 // refresh writes rank j's load as the policy sees it.
 func (s *simulation) refresh(j int) {
 	r := s.ranks[j]
-	s.loads[j] = dp.RankLoad{Rank: j, Available: true, InFlight: r.inflight, Capacity: s.cfg.Scheduler.MaxNumSeqs,
-		Waiting: r.stats.NumWaiting, Running: r.stats.NumRunning, KVUsage: r.stats.KVUsage,
-		SnapshotWaiting: r.snap.NumWaiting, SnapshotRunning: r.snap.NumRunning, SnapshotSeq: s.snapSeq,
-		PendingPrefill: r.pendingPrefill}
+	s.loads[j] = r.acct.Load(j, true, s.cfg.Scheduler.MaxNumSeqs,
+		dp.EngineCounts{Waiting: r.stats.NumWaiting, Running: r.stats.NumRunning, KVUsage: r.stats.KVUsage},
+		dp.EngineCounts{Waiting: r.snap.NumWaiting, Running: r.snap.NumRunning}, s.snapSeq)
 }
 
 func (s *simulation) arrive(slot int) error {
@@ -533,7 +532,7 @@ func (s *simulation) arrive(slot int) error {
 	}
 	o.Rank = j
 	p := s.progs[slot]
-	p.prefill = len(req.Prompt) - placing.Cached
+	p.prefill = dp.Prefill(len(req.Prompt), placing.Cached)
 	r := s.ranks[j]
 	// The blocks hashed to balance are the engine's: no block is hashed
 	// twice.
@@ -546,8 +545,7 @@ func (s *simulation) arrive(slot int) error {
 		s.ended(slot)
 		return nil
 	}
-	r.inflight++
-	r.pendingPrefill += p.prefill
+	r.acct.Send(p.prefill)
 	s.refresh(j)
 	s.dirty = true
 	if s.cfg.ExpertParallel {
@@ -710,7 +708,7 @@ func (s *simulation) tokens(i int, out engine.Output) {
 	for range out.NewTokens {
 		if !p.firstSeen {
 			p.first, p.firstSeen = s.now, true
-			s.ranks[i].pendingPrefill -= p.prefill
+			s.ranks[i].acct.Prefilled(p.prefill)
 		} else {
 			s.rec.Gap(s.now - p.lastToken)
 		}
@@ -722,7 +720,11 @@ func (s *simulation) tokens(i int, out engine.Output) {
 // end ends the request in slot, which finished at rank i.
 func (s *simulation) end(i, slot int) {
 	s.flights[slot].out.End = s.now
-	s.ranks[i].inflight--
+	left := 0
+	if p := s.progs[slot]; !p.firstSeen {
+		left = p.prefill
+	}
+	s.ranks[i].acct.Release(left)
 	s.out.Ranks[i].Served++
 	s.ended(slot)
 }

@@ -162,6 +162,9 @@ type call struct {
 	// prompt; prefill is the tokens the rank has to prefill for the call,
 	// counted in its account until the first output.
 	cached, prefill int
+	// promptHit is the first engine's prefix-cache hit on the prompt, kept
+	// for a whole call's one event.
+	promptHit int
 }
 
 // NewAPIServerProducer returns the producer of an APIServerActor. The
@@ -558,15 +561,17 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			c.output = append(c.output, o.NewTokenIds...)
 			r.metrics.generation.Add(float64(n))
 		}
-		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, Rank: r.rank}
-		if c.moves == 0 {
+		if c.moves == 0 && o.NumCachedTokens != 0 {
 			// After a move the new engine's cache hit covers the tokens
 			// generated before; the client's prompt hit was the first.
-			ev.NumCachedTokens = int(o.NumCachedTokens)
+			c.promptHit = int(o.NumCachedTokens)
 		}
+		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, Rank: r.rank, NumCachedTokens: c.promptHit}
 		switch o.FinishReason {
 		case engine.NotFinished:
-			c.sub.Stream.push(ev)
+			if !c.sub.Whole {
+				c.sub.Stream.push(ev)
+			}
 			continue
 		case engine.FinishedError:
 			a.fail(c, fmt.Errorf("engine rank %d: %s", r.rank, o.Error), "engine_refused")
@@ -574,6 +579,9 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 		}
 		delete(a.calls, c.sub.ID)
 		a.release(c)
+		if c.sub.Whole {
+			ev.Tokens = c.output
+		}
 		c.sub.Stream.push(ev)
 	}
 }

@@ -26,6 +26,11 @@ type Submission struct {
 	// CacheSalt keeps the request's prefix-cache blocks apart from other
 	// salts' (engine.NewRequest.CacheSalt).
 	CacheSalt string
+	// Whole means the caller reads only the request's end (a whole
+	// response, with no stop string to look for as tokens come): its
+	// stream gets one event when it finishes, with every output token,
+	// rather than one per step.
+	Whole bool
 }
 
 // Abort cancels a request: its client went away, or a stop string

@@ -107,6 +107,8 @@ type result struct {
 	finish engine.FinishReason
 	err    error
 	ranks  []int
+	// events counts the events that brought tokens.
+	events int
 }
 
 // collect drains a stream of one request until it finishes.
@@ -120,6 +122,9 @@ func collect(ctx context.Context, s *Stream) result {
 			return r
 		}
 		for _, ev := range evs {
+			if len(ev.Tokens) > 0 {
+				r.events++
+			}
 			r.tokens = append(r.tokens, ev.Tokens...)
 			if len(ev.Tokens) > 0 && (len(r.ranks) == 0 || r.ranks[len(r.ranks)-1] != ev.Rank) {
 				r.ranks = append(r.ranks, ev.Rank)
@@ -145,6 +150,13 @@ func (tn *testNode) expected(prompt []uint32, sp engine.SamplingParams) []uint32
 // runBurst submits n requests at once and waits for all of them.
 func (tn *testNode) runBurst(t *testing.T, n, maxTokens int) []result {
 	t.Helper()
+	return tn.runCalls(t, n, maxTokens, false)
+}
+
+// runCalls submits n requests at once, whole ones (Submission.Whole) or
+// streamed, and waits for all of them.
+func (tn *testNode) runCalls(t *testing.T, n, maxTokens int, whole bool) []result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	results := make([]result, n)
@@ -158,6 +170,7 @@ func (tn *testNode) runBurst(t *testing.T, n, maxTokens int) []result {
 			Rank:     AnyRank,
 			Stream:   s,
 			Arrival:  time.Now(),
+			Whole:    whole,
 		})
 		wg.Go(func() { results[i] = collect(ctx, s) })
 	}
@@ -228,11 +241,20 @@ func metricSum(t *testing.T, reg *prometheus.Registry, name string, rank int) fl
 
 // TestEngineCrashMovesRequestsTokenExactly crashes rank 0 mid-load: its
 // requests continue on rank 1 (or on rank 0 after its restart) and every
-// stream ends with exactly the tokens of an undisturbed run.
+// stream ends with exactly the tokens of an undisturbed run. Whole calls
+// get them in one event, moved or not.
 func TestEngineCrashMovesRequestsTokenExactly(t *testing.T) {
+	for _, whole := range []bool{false, true} {
+		t.Run(map[bool]string{false: "streamed", true: "whole"}[whole], func(t *testing.T) {
+			engineCrashMovesRequests(t, whole)
+		})
+	}
+}
+
+func engineCrashMovesRequests(t *testing.T, whole bool) {
 	tn := startTestNode(t, 2, 0.05, 0, 8)
 	const n, maxTokens = 60, 20
-	results := tn.runBurst(t, n, maxTokens)
+	results := tn.runCalls(t, n, maxTokens, whole)
 	moved := 0
 	for i, r := range results {
 		prompt := tn.tok.Tokens(fmt.Sprintf("request number %d asks about the cluster", i))
@@ -240,13 +262,18 @@ func TestEngineCrashMovesRequestsTokenExactly(t *testing.T) {
 		if r.err != nil || !slices.Equal(r.tokens, want) {
 			t.Fatalf("request %d: err %v, %d tokens; want the undisturbed %d", i, r.err, len(r.tokens), len(want))
 		}
+		if whole && r.events != 1 {
+			t.Fatalf("request %d: a whole call's tokens came in %d events, want 1", i, r.events)
+		}
 		if len(r.ranks) > 1 {
 			moved++
 		}
 	}
 	restarts := metricSum(t, tn.reg, "dpnode_engine_restarts_total", 0)
 	migrated := metricSum(t, tn.reg, "dpnode_requests_migrated_total", 0)
-	if restarts != 1 || migrated == 0 || moved == 0 {
+	// A whole call's one event names one rank: its moves are the
+	// metric's only.
+	if restarts != 1 || migrated == 0 || (!whole && moved == 0) {
 		t.Fatalf("restarts %v, migrated %v, streams that changed rank %d; want one restart and migrations", restarts, migrated, moved)
 	}
 	// The restarted engine serves again.

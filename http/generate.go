@@ -266,6 +266,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 		s.cfg.Backend.Submit(&actors.Submission{
 			ID: choices[i].subID, Prompt: g.prompts[pi].tokens, Sampling: sp,
 			Rank: g.rank, Stream: stream, Index: i, Arrival: arrival, CacheSalt: g.cacheSalt,
+			// With no stream to write and no stop string to find, the
+			// tokens are wanted at the end only: one event, not one per step.
+			Whole: !g.stream && len(g.stops) == 0,
 		})
 	}
 	// Whatever ends this call, no request of it may keep an engine busy.

@@ -334,10 +334,13 @@ type PrefixIndex struct {
 	// DefaultPrefixCapacity.
 	Capacity int
 	ranks    map[int]*rankBlocks
-	// holders counts the ranks that remember each block, so that a
-	// prompt no rank has seen is told in one lookup, not one per rank.
-	// Blocks are keyed by their hash's Key: two blocks that share one
-	// are a wrong guess of what a rank holds, never a wrong answer.
+	// holders counts the ranks that remember each prompt's first block,
+	// so that a prompt no rank has seen is told in one lookup, not one per
+	// rank. Only first blocks are counted: block hashes chain from the
+	// prompt's start, so a first block is never another prompt's later
+	// one, and a lookup only ever asks for a first block. Blocks are keyed
+	// by their hash's Key: two blocks that share one are a wrong guess of
+	// what a rank holds, never a wrong answer.
 	holders map[uint64]int
 }
 
@@ -346,8 +349,11 @@ type PrefixIndex struct {
 const DefaultPrefixCapacity = 1 << 15
 
 type rankBlocks struct {
-	used map[uint64]uint64
-	tick uint64
+	// used is when each remembered block was last sent, in Record calls;
+	// firsts are those of them that began a prompt.
+	used   map[uint64]uint64
+	firsts map[uint64]struct{}
+	tick   uint64
 }
 
 // Match fills matched[i] with how many leading blocks of blocks ranks[i]
@@ -384,16 +390,18 @@ func (x *PrefixIndex) Record(rank int, blocks []engine.BlockHash) {
 	}
 	rb := x.ranks[rank]
 	if rb == nil {
-		rb = &rankBlocks{used: map[uint64]uint64{}}
+		rb = &rankBlocks{used: map[uint64]uint64{}, firsts: map[uint64]struct{}{}}
 		x.ranks[rank] = rb
 	}
 	rb.tick++
-	for _, h := range blocks {
-		k := h.Key()
-		if _, ok := rb.used[k]; !ok {
+	if len(blocks) > 0 {
+		if k := blocks[0].Key(); rb.used[k] == 0 {
 			x.holders[k]++
+			rb.firsts[k] = struct{}{}
 		}
-		rb.used[k] = rb.tick
+	}
+	for _, h := range blocks {
+		rb.used[h.Key()] = rb.tick
 	}
 	capacity := x.Capacity
 	if capacity <= 0 {
@@ -411,7 +419,7 @@ func (x *PrefixIndex) Record(rank int, blocks []engine.BlockHash) {
 		for h, t := range rb.used {
 			if t < cut {
 				delete(rb.used, h)
-				x.release(h)
+				rb.release(x, h)
 			}
 		}
 	}
@@ -421,15 +429,19 @@ func (x *PrefixIndex) Record(rank int, blocks []engine.BlockHash) {
 // empty cache).
 func (x *PrefixIndex) Forget(rank int) {
 	if rb := x.ranks[rank]; rb != nil {
-		for h := range rb.used {
-			x.release(h)
+		for h := range rb.firsts {
+			rb.release(x, h)
 		}
 		delete(x.ranks, rank)
 	}
 }
 
-// release notes that one rank no longer remembers the block of key h.
-func (x *PrefixIndex) release(h uint64) {
+// release notes that the rank no longer remembers the block of key h.
+func (rb *rankBlocks) release(x *PrefixIndex, h uint64) {
+	if _, first := rb.firsts[h]; !first {
+		return
+	}
+	delete(rb.firsts, h)
 	if x.holders[h]--; x.holders[h] <= 0 {
 		delete(x.holders, h)
 	}

@@ -1,6 +1,7 @@
 package dp
 
 import (
+	"maps"
 	"slices"
 	"testing"
 
@@ -286,6 +287,20 @@ func TestPrefixIndexMatchesEachRanksMemory(t *testing.T) {
 				if got[i] != want {
 					t.Fatalf("rank %d: matched %d blocks, remembers %d", r.Rank, got[i], want)
 				}
+			}
+			// Each prompt's first block is counted once per rank that
+			// remembers it, and nothing else is counted.
+			count := map[uint64]int{}
+			for rank, rb := range x.ranks {
+				for k := range rb.firsts {
+					if rb.used[k] == 0 {
+						t.Fatalf("rank %d counts a first block it no longer remembers", rank)
+					}
+					count[k]++
+				}
+			}
+			if !maps.Equal(count, x.holders) {
+				t.Fatalf("holders %v; the ranks remember first blocks %v", x.holders, count)
 			}
 		}
 	})

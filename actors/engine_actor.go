@@ -420,6 +420,9 @@ func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
 // engine's stats when they changed.
 func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 	clients := e.clientsBuf[:0]
+	// One allocation for the step's outputs, not one each: a step of a
+	// busy engine has hundreds.
+	slab := make([]dpnodev1.RequestOutput, len(outs))
 	for i := range outs {
 		o := &outs[i]
 		pid := o.Client.(*actor.PID)
@@ -428,15 +431,14 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 			k++
 		}
 		if k == len(clients) {
-			clients = append(clients, clientOutputs{pid: pid})
+			// Room for every output left: one allocation when, as is
+			// usual, one API server sent them all.
+			clients = append(clients, clientOutputs{pid: pid, outputs: make([]*dpnodev1.RequestOutput, 0, len(outs)-i)})
 		}
-		clients[k].outputs = append(clients[k].outputs, &dpnodev1.RequestOutput{
-			RequestId:       o.ID,
-			NewTokenIds:     o.NewTokens,
-			FinishReason:    o.Finish,
-			NumCachedTokens: uint32(o.NumCachedTokens),
-			Attempt:         o.Attempt,
-		})
+		ro := &slab[i]
+		ro.RequestId, ro.NewTokenIds, ro.FinishReason = o.ID, o.NewTokens, o.Finish
+		ro.NumCachedTokens, ro.Attempt = uint32(o.NumCachedTokens), o.Attempt
+		clients[k].outputs = append(clients[k].outputs, ro)
 	}
 	e.reportStats(ctx, clients)
 	for i := range clients {

@@ -200,12 +200,15 @@ func (w *Worker) readReplies() {
 	}
 	w.mu.Lock()
 	w.err = w.describeExit()
+	// Done first: a call that finds its reply channel closed must find the
+	// worker done too, or a caller that retries on a dead worker (the
+	// tokenizer) sees a failure it cannot tell from any other.
+	close(w.done)
 	for id, ch := range w.pending {
 		close(ch)
 		delete(w.pending, id)
 	}
 	w.mu.Unlock()
-	close(w.done)
 }
 
 // describeExit says how the worker ended; w.mu is held.

@@ -54,6 +54,9 @@ type NodeConfig struct {
 	// ExpertParallel makes the ranks step in lockstep waves
 	// (--enable-expert-parallel, a MoE model).
 	ExpertParallel bool
+	// Engine and Profile say what the ranks run, for other nodes to check
+	// that they run the same (dpnodev1.NodeMeta).
+	Engine, Profile string
 	// CollectiveTimeout bounds a step's wait for the other ranks' reports
 	// before the group re-forms without the late ones; vLLM waits for
 	// NCCL's timeout, minutes, with the whole group stuck.
@@ -167,6 +170,8 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		Headless:         topo.Headless,
 		Model:            cfg.Model,
 		ExpertParallel:   cfg.ExpertParallel,
+		Engine:           cfg.Engine,
+		Profile:          cfg.Profile,
 	}
 	props := actor.PropsFromProducer(func() actor.Actor { return &nodeActor{cfg: cfg, self: n.meta, metrics: n.metrics, fail: n.fail} },
 		actor.WithSupervisor(actor.NewOneForOneStrategy(10, time.Minute, actor.DefaultDecider)))

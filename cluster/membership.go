@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -215,33 +216,60 @@ func decodeMeta(n *memberlist.Node, size uint32) (*dpnodev1.NodeMeta, error) {
 	return &m, nil
 }
 
-// conflict says whether peer hosts one of this node's ranks. A peer at
-// this node's own gossip address is its previous incarnation, not a rival:
-// a node restarted after a crash takes its ranks back.
-func (d *delegate) conflict(peer *memberlist.Node) error {
+// conflict says why peer cannot be this node's peer: it serves something
+// else (mismatch), or it hosts one of this node's ranks, and then
+// rankTaken is true. A peer at this node's own gossip address is its
+// previous incarnation, not a rival: a node restarted after a crash takes
+// its ranks back.
+func (d *delegate) conflict(peer *memberlist.Node) (rankTaken bool, err error) {
 	if peer.Name == d.cfg.Name || peer.Address() == d.selfAddr {
-		return nil
+		return false, nil
 	}
 	meta, err := decodeMeta(peer, d.cfg.Meta.DataParallelSize)
 	if err != nil {
-		return err
+		return false, err
 	}
-	if meta.ExpertParallel != d.cfg.Meta.ExpertParallel {
-		return fmt.Errorf("cluster: node %s runs with --enable-expert-parallel=%v and this node with %v; every node of a cluster must agree",
-			peer.Name, meta.ExpertParallel, d.cfg.Meta.ExpertParallel)
+	if err := mismatch(d.cfg.Meta, meta, peer.Name); err != nil {
+		return false, err
 	}
-	return dp.RankConflict(d.self, []dp.Member{{Name: peer.Name, Boot: meta.BootUnixNano, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)}})
+	err = dp.RankConflict(d.self, []dp.Member{{Name: peer.Name, Boot: meta.BootUnixNano, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)}})
+	return err != nil, err
+}
+
+// mismatch names what the node called name serves differently from this
+// node, whose metadata is self: the model clients name, the engine, what
+// the engine serves, expert parallelism. Nodes of one cluster balance
+// requests over each other's ranks, so they must agree on all of it. A
+// field the peer leaves empty (a node from before it was gossiped) is not
+// compared.
+func mismatch(self, peer *dpnodev1.NodeMeta, name string) error {
+	var diffs []string
+	differ := func(flag, theirs, ours string) {
+		if theirs != "" && theirs != ours {
+			diffs = append(diffs, fmt.Sprintf("%s %q (this node: %q)", flag, theirs, ours))
+		}
+	}
+	differ("the model", peer.Model, self.Model)
+	differ("--engine", peer.Engine, self.Engine)
+	differ("the engine's model", peer.Profile, self.Profile)
+	if peer.ExpertParallel != self.ExpertParallel {
+		diffs = append(diffs, fmt.Sprintf("--enable-expert-parallel=%v (this node: %v)", peer.ExpertParallel, self.ExpertParallel))
+	}
+	if len(diffs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("cluster: node %s serves with %s; every node of a cluster must serve the same", name, strings.Join(diffs, ", "))
 }
 
 // NotifyMerge implements memberlist.MergeDelegate: when this node joins
-// (or a node joins it), a peer that hosts one of its ranks cancels the
-// merge, and the joining node is refused.
+// (or a node joins it), a peer that hosts one of its ranks or serves
+// something else cancels the merge, and the joining node is refused.
 func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
 	for _, p := range peers {
 		if p.State != memberlist.StateAlive && p.State != memberlist.StateSuspect {
 			continue
 		}
-		if err := d.conflict(p); err != nil {
+		if _, err := d.conflict(p); err != nil {
 			d.mu.Lock()
 			if d.refusal == nil {
 				d.refusal = fmt.Errorf("cluster: refused to join: %w", err)
@@ -254,12 +282,15 @@ func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
 }
 
 // NotifyAlive implements memberlist.AliveDelegate: a node that hosts one
-// of this node's ranks is not accepted as a peer. If it is the older of
+// of this node's ranks, or serves something else, is not accepted as a
+// peer. If it is the older of
 // the two (both joined at once), this node is the one that must go.
 func (d *delegate) NotifyAlive(peer *memberlist.Node) error {
-	err := d.conflict(peer)
-	if err == nil {
-		return nil
+	rankTaken, err := d.conflict(peer)
+	if err == nil || !rankTaken {
+		// A peer that serves something else is not accepted either; the
+		// node that joined last is refused (NotifyMerge).
+		return err
 	}
 	if meta, derr := decodeMeta(peer, d.cfg.Meta.DataParallelSize); derr == nil && meta.BootUnixNano < d.self.Boot && d.cfg.OnConflict != nil {
 		d.cfg.OnConflict(fmt.Errorf("cluster: another node took this node's ranks first: %w", err))

@@ -225,6 +225,31 @@ func TestSecondClaimantOfARankIsRefused(t *testing.T) {
 	}
 }
 
+// TestNodeServingAnotherModelIsRefused: a node whose engine serves
+// another model (here, another simulated profile) cannot join, and says
+// which setting differs and how; the cluster it tried to join is
+// untouched.
+func TestNodeServingAnotherModelIsRefused(t *testing.T) {
+	a := startProc(t, "127.0.0.151", nodeArgs("127.0.0.151", "--host", "127.0.0.151", "--port", "0",
+		"--data-parallel-size", "4", "--data-parallel-size-local", "2")...)
+	p, err := launch(t, "127.0.0.152", nodeArgs("127.0.0.152", "--host", "127.0.0.152", "--port", "0",
+		"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
+		"--sim-profile", "qwen3-30b-a3b-h200", "--served-model-name", "meta-llama/Llama-3.1-8B-Instruct",
+		"--seeds", "127.0.0.151:7946")...)
+	if err == nil {
+		t.Fatal("a node serving another model joined")
+	}
+	<-p.done
+	logs := p.logs.String()
+	want := fmt.Sprintf(`node %s serves with the engine's model "llama-3.1-8b-h100" (this node: "qwen3-30b-a3b-h200")`, a.name)
+	if !strings.Contains(logs, want) || !strings.Contains(logs, "dpnode: cluster: refused to join") {
+		t.Fatalf("the refused node said:\n%s\nwant a message containing %q", logs, want)
+	}
+	if v, err := a.view(); err != nil || len(v.Nodes) != 1 {
+		t.Fatalf("the first node's view after the refusal: %+v, %v; want itself alone", v, err)
+	}
+}
+
 // TestHungNodeIsNoticedAndItsStreamsMove stops (SIGSTOP) a headless node
 // mid-stream: gossip declares it dead, the API server hears Terminated for
 // its actors and moves its streams to the remaining ranks, and every

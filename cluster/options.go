@@ -205,6 +205,19 @@ type plan struct {
 	kvDtype  string
 }
 
+// servingProfile is what the engine serves, as other nodes compare it
+// (NodeMeta.profile): the simulated profile's name, or what identifies a
+// GGUF model wherever its file lies.
+func (p *plan) servingProfile() string {
+	if m := p.model; m != nil {
+		return fmt.Sprintf("%s, %d-token vocabulary, %d bytes", m.Architecture, m.VocabSize, m.Bytes)
+	}
+	if p.profile != nil {
+		return p.profile.Name
+	}
+	return ""
+}
+
 func (o Options) dpFlags() dp.Flags {
 	return dp.Flags{
 		Size: o.DataParallelSize, LocalSize: o.DataParallelSizeLocal, StartRank: o.DataParallelStartRank,

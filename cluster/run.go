@@ -127,6 +127,7 @@ func Start(o Options) (*Running, error) {
 	cfg.HTTPAddress = httpAddr
 	cfg.AwaitMembership = true
 	cfg.ExpertParallel = o.ExpertParallel
+	cfg.Engine, cfg.Profile = o.Engine, p.servingProfile()
 	cfg.Migration, cfg.MaxMigrations = o.Migration, o.MaxMigrations
 	// Each API server counts its own picks: vLLM's policy bumps a rank by
 	// the number of API servers, which a node does not know in advance.

@@ -47,7 +47,14 @@ type NodeMeta struct {
 	// nodes of a cluster agree.
 	ExpertParallel bool `protobuf:"varint,10,opt,name=expert_parallel,json=expertParallel,proto3" json:"expert_parallel,omitempty"`
 	// The node is draining: it finishes what it has and takes nothing new.
-	Draining      bool `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
+	Draining bool `protobuf:"varint,11,opt,name=draining,proto3" json:"draining,omitempty"`
+	// The engine its ranks run: "sim" or "llamacpp"; every node of a
+	// cluster runs the same. Empty from a node that does not say.
+	Engine string `protobuf:"bytes,12,opt,name=engine,proto3" json:"engine,omitempty"`
+	// What the engine serves: the simulated profile's name, or the GGUF
+	// model's architecture, vocabulary and size (the file's path may differ
+	// between nodes). Every node of a cluster serves the same.
+	Profile       string `protobuf:"bytes,13,opt,name=profile,proto3" json:"profile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -157,6 +164,20 @@ func (x *NodeMeta) GetDraining() bool {
 		return x.Draining
 	}
 	return false
+}
+
+func (x *NodeMeta) GetEngine() string {
+	if x != nil {
+		return x.Engine
+	}
+	return ""
+}
+
+func (x *NodeMeta) GetProfile() string {
+	if x != nil {
+		return x.Profile
+	}
+	return ""
 }
 
 // SubscribeRanks asks a node's supervisor for the status of its ranks:
@@ -364,7 +385,7 @@ var File_dpnode_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x17dpnode/v1/cluster.proto\x12\tdpnode.v1\"\xef\x02\n" +
+	"\x17dpnode/v1/cluster.proto\x12\tdpnode.v1\"\xa1\x03\n" +
 	"\bNodeMeta\x12#\n" +
 	"\ractor_address\x18\x01 \x01(\tR\factorAddress\x12!\n" +
 	"\fhttp_address\x18\x02 \x01(\tR\vhttpAddress\x12\x1d\n" +
@@ -379,7 +400,9 @@ const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"\x05model\x18\t \x01(\tR\x05model\x12'\n" +
 	"\x0fexpert_parallel\x18\n" +
 	" \x01(\bR\x0eexpertParallel\x12\x1a\n" +
-	"\bdraining\x18\v \x01(\bR\bdraining\"\x10\n" +
+	"\bdraining\x18\v \x01(\bR\bdraining\x12\x16\n" +
+	"\x06engine\x18\f \x01(\tR\x06engine\x12\x18\n" +
+	"\aprofile\x18\r \x01(\tR\aprofile\"\x10\n" +
 	"\x0eSubscribeRanks\"Y\n" +
 	"\n" +
 	"RankStatus\x12\x12\n" +

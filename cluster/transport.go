@@ -81,6 +81,9 @@ func (f TLSFiles) credentials() (credentials.TransportCredentials, error) {
 	return credentials.NewTLS(cfg), nil
 }
 
+// dialTimeout bounds one attempt to connect to a peer's actor transport.
+const dialTimeout = 2 * time.Second
+
 // transportConfig sets up the actor transport on bindHost:port, reachable
 // by other nodes at advertiseHost.
 func transportConfig(bindHost, advertiseHost string, port int, tlsFiles TLSFiles) (*remote.Config, error) {
@@ -114,7 +117,16 @@ func transportConfig(bindHost, advertiseHost string, port int, tlsFiles TLSFiles
 		remote.WithAdvertisedHost(net.JoinHostPort(advertiseHost, strconv.Itoa(port))),
 		remote.WithServerOptions(serverOpts...),
 		remote.WithDialOptions(grpc.WithTransportCredentials(creds),
-			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true})),
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true}),
+			// The transport dials a peer up to five times before it gives
+			// the endpoint up, and a dial that returns at once leaves a
+			// client connection behind when what follows fails: it keeps
+			// redialling forever, and connects to the peer's next
+			// incarnation. A dial that waits for the connection closes
+			// what it opened when it fails, so nothing is left: at once on
+			// a refused connection (a killed process), after dialTimeout
+			// on silence.
+			grpc.WithBlock(), grpc.FailOnNonTempDialError(true), grpc.WithTimeout(dialTimeout)),
 	}
 	return remote.Configure(bindHost, port, opts...), nil
 }

@@ -131,8 +131,13 @@ type APIServerActor struct {
 	// that balance over this node's ranks.
 	hosts       map[string]*actor.PID
 	subscribers []*actor.PID
-	// retry holds members whose connection broke, to subscribe to again.
+	// retry holds members whose connection broke, to subscribe to again;
+	// unanswered, hosts subscribed to that have not yet sent their ranks'
+	// statuses, and when. A subscription can be lost with a connection
+	// that breaks as it is sent, and then no Terminated comes either: it
+	// is sent again until the host answers or leaves.
 	retry      map[string]*actor.PID
+	unanswered map[string]time.Time
 	retryTimer *time.Timer
 	// reconcileTimer is armed while calls run on remote ranks.
 	reconcileTimer *time.Timer
@@ -177,7 +182,8 @@ func NewAPIServerProducer(cfg APIServerConfig) actor.Producer {
 	calls := make(map[string]*call)
 	return func() actor.Actor {
 		return &APIServerActor{cfg: cfg, calls: calls, byRank: make(map[int]*rankState),
-			hosts: make(map[string]*actor.PID), retry: make(map[string]*actor.PID)}
+			hosts: make(map[string]*actor.PID), retry: make(map[string]*actor.PID),
+			unanswered: make(map[string]time.Time)}
 	}
 }
 

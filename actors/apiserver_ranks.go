@@ -321,7 +321,16 @@ func (a *APIServerActor) nodeUp(ctx actor.Context, msg *nodeUp) {
 	a.forgetOtherIncarnations(ctx, msg.name, host)
 	a.hosts[msg.name] = host
 	ctx.Watch(host)
+	a.subscribe(ctx, msg.name, host)
+}
+
+// subscribe asks the API server of the node called name for its ranks'
+// statuses, and to tell this one of every change; until it answers, the
+// retry timer asks again.
+func (a *APIServerActor) subscribe(ctx actor.Context, name string, host *actor.PID) {
 	ctx.Request(host, &dpnodev1.SubscribeRanks{})
+	a.unanswered[name] = time.Now()
+	a.armRetry()
 }
 
 // remoteStatuses applies what another node's API server says of its
@@ -332,6 +341,7 @@ func (a *APIServerActor) remoteStatuses(ctx actor.Context, from *actor.PID, stat
 	if node == "" {
 		return
 	}
+	delete(a.unanswered, node)
 	unpark := false
 	for _, st := range statuses {
 		rank := int(st.Rank)
@@ -380,7 +390,7 @@ func (a *APIServerActor) hostName(pid *actor.PID) string {
 const hostRetryInterval = 2 * time.Second
 
 func (a *APIServerActor) armRetry() {
-	if a.retryTimer == nil && len(a.retry) > 0 {
+	if a.retryTimer == nil && len(a.retry)+len(a.unanswered) > 0 {
 		self, root := a.self, a.root
 		a.retryTimer = time.AfterFunc(hostRetryInterval, func() { root.Send(self, &retryHosts{}) })
 	}
@@ -395,8 +405,22 @@ func (a *APIServerActor) retryHosts(ctx actor.Context) {
 		}
 		a.hosts[name] = pid
 		ctx.Watch(pid)
-		ctx.Request(pid, &dpnodev1.SubscribeRanks{})
+		a.subscribe(ctx, name, pid)
 	}
+	now := time.Now()
+	for name, since := range a.unanswered {
+		host := a.hosts[name]
+		switch {
+		case host == nil:
+			delete(a.unanswered, name)
+		case now.Sub(since) >= hostRetryInterval:
+			a.cfg.Logger.Warn("a node has not answered this API server's subscription to its ranks; asking again",
+				"node", name, "waited", now.Sub(since).Round(time.Millisecond))
+			ctx.Watch(host)
+			a.subscribe(ctx, name, host)
+		}
+	}
+	a.armRetry()
 }
 
 // forgetRank tells the policy that the rank's engine is new: whatever it
@@ -429,6 +453,7 @@ func (a *APIServerActor) nodeGone(ctx actor.Context, name string) {
 		return
 	}
 	delete(a.hosts, name)
+	delete(a.unanswered, name)
 	// A new incarnation at the same address has the same PID: keep
 	// watching it.
 	if !slices.ContainsFunc(slices.Collect(maps.Values(a.hosts)), host.Equal) {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/gpu"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
@@ -265,4 +266,47 @@ func TestAPIServerCrashLosesNoRequest(t *testing.T) {
 		}
 	}
 	tn.assertSettled(t)
+}
+
+// TestLostSubscriptionIsSentAgain: an API server's subscription to another
+// node's ranks that is lost on the way (a connection that breaks as it is
+// sent: no answer comes, and no Terminated either) is sent again until the
+// node answers. The other node is played by this API server itself: the
+// member's address is its own, the first SubscribeRanks it receives is
+// dropped, and no statuses come back.
+func TestLostSubscriptionIsSentAgain(t *testing.T) {
+	var seen atomic.Int32
+	again := make(chan struct{})
+	prev := faultHook
+	faultHook = func(ctx actor.Context) bool {
+		if ctx.Self().Id != apiServerID {
+			return prev != nil && prev(ctx)
+		}
+		switch ctx.Message().(type) {
+		case *dpnodev1.SubscribeRanks:
+			switch seen.Add(1) {
+			case 1:
+				return true
+			case 2:
+				close(again)
+			}
+		case *dpnodev1.RankStatuses:
+			// This node's statuses, pushed to the "other node" as to a
+			// subscriber, come back here: they are not its answer.
+			return true
+		}
+		return prev != nil && prev(ctx)
+	}
+	// Registered before the node's own cleanup, so run after it stops.
+	t.Cleanup(func() { faultHook = prev })
+	tn := startTestNode(t, 2, 0.01, -1, 0, func(c *NodeConfig) {
+		c.Topology = dp.Topology{Mode: dp.Internal, Size: 4, LocalSize: 2}
+	})
+	self := tn.APIServer()
+	tn.System().Root.Send(self, &nodeUp{name: "peer", meta: &dpnodev1.NodeMeta{ActorAddress: self.Address, StartRank: 2, LocalSize: 2}})
+	select {
+	case <-again:
+	case <-time.After(4 * hostRetryInterval):
+		t.Fatalf("the subscription was sent %d times in %v; want it again after the first was lost", seen.Load(), 4*hostRetryInterval)
+	}
 }

@@ -218,22 +218,22 @@ func decodeMeta(n *memberlist.Node, size uint32) (*dpnodev1.NodeMeta, error) {
 
 // conflict says why peer cannot be this node's peer: it serves something
 // else (mismatch), or it hosts one of this node's ranks, and then
-// rankTaken is true. A peer at this node's own gossip address is its
-// previous incarnation, not a rival: a node restarted after a crash takes
-// its ranks back.
-func (d *delegate) conflict(peer *memberlist.Node) (rankTaken bool, err error) {
+// rankTaken is true and meta is the peer's. A peer at this node's own
+// gossip address is its previous incarnation, not a rival: a node
+// restarted after a crash takes its ranks back.
+func (d *delegate) conflict(peer *memberlist.Node) (meta *dpnodev1.NodeMeta, rankTaken bool, err error) {
 	if peer.Name == d.cfg.Name || peer.Address() == d.selfAddr {
-		return false, nil
+		return nil, false, nil
 	}
-	meta, err := decodeMeta(peer, d.cfg.Meta.DataParallelSize)
+	meta, err = decodeMeta(peer, d.cfg.Meta.DataParallelSize)
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	if err := mismatch(d.cfg.Meta, meta, peer.Name); err != nil {
-		return false, err
+		return meta, false, err
 	}
 	err = dp.RankConflict(d.self, []dp.Member{{Name: peer.Name, Boot: meta.BootUnixNano, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)}})
-	return err != nil, err
+	return meta, err != nil, err
 }
 
 // mismatch names what the node called name serves differently from this
@@ -269,7 +269,7 @@ func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
 		if p.State != memberlist.StateAlive && p.State != memberlist.StateSuspect {
 			continue
 		}
-		if _, err := d.conflict(p); err != nil {
+		if _, _, err := d.conflict(p); err != nil {
 			d.mu.Lock()
 			if d.refusal == nil {
 				d.refusal = fmt.Errorf("cluster: refused to join: %w", err)
@@ -283,18 +283,15 @@ func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
 
 // NotifyAlive implements memberlist.AliveDelegate: a node that hosts one
 // of this node's ranks, or serves something else, is not accepted as a
-// peer. If it is the older of
-// the two (both joined at once), this node is the one that must go.
+// peer. If it took this node's ranks and is the older of the two (both
+// joined at once), this node is the one that must go.
 func (d *delegate) NotifyAlive(peer *memberlist.Node) error {
-	rankTaken, err := d.conflict(peer)
-	if err == nil || !rankTaken {
-		// A peer that serves something else is not accepted either; the
-		// node that joined last is refused (NotifyMerge).
-		return err
-	}
-	if meta, derr := decodeMeta(peer, d.cfg.Meta.DataParallelSize); derr == nil && meta.BootUnixNano < d.self.Boot && d.cfg.OnConflict != nil {
+	meta, rankTaken, err := d.conflict(peer)
+	if rankTaken && meta.BootUnixNano < d.self.Boot && d.cfg.OnConflict != nil {
 		d.cfg.OnConflict(fmt.Errorf("cluster: another node took this node's ranks first: %w", err))
 	}
+	// A peer that serves something else is refused too; the node that
+	// joined last is refused at its join (NotifyMerge).
 	return err
 }
 

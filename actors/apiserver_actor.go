@@ -145,6 +145,10 @@ type APIServerActor struct {
 	// readyWaiters are answered once every local rank has been ready.
 	readyWaiters []*actor.PID
 	allReady     bool
+	// served outlives incarnations, like calls: once every local rank has
+	// been ready, a rank that cannot start is restarted, not given up on,
+	// even by an incarnation that has not yet seen its ranks ready.
+	served *bool
 	// stopping is set while the API server and its engines stop.
 	stopping bool
 }
@@ -180,8 +184,9 @@ type call struct {
 // never run at once, so the map needs no lock.
 func NewAPIServerProducer(cfg APIServerConfig) actor.Producer {
 	calls := make(map[string]*call)
+	served := new(bool)
 	return func() actor.Actor {
-		return &APIServerActor{cfg: cfg, calls: calls, byRank: make(map[int]*rankState),
+		return &APIServerActor{cfg: cfg, calls: calls, served: served, byRank: make(map[int]*rankState),
 			hosts: make(map[string]*actor.PID), retry: make(map[string]*actor.PID),
 			unanswered: make(map[string]time.Time)}
 	}

@@ -76,7 +76,7 @@ func (a *APIServerActor) start(ctx actor.Context) {
 		a.addRank(r)
 	}
 	if len(a.cfg.Engines) == 0 {
-		a.allReady = true
+		a.allReady, *a.served = true, true
 	}
 	// A restarted API server knows nothing of the cluster: its node tells
 	// it the members and the coordinator again.
@@ -116,7 +116,7 @@ func (a *APIServerActor) engineReady(ctx actor.Context, msg *dpnodev1.EngineRead
 	ctx.Send(r.pid, &setCoordinator{pid: a.coordinator, epoch: a.coordEpoch})
 	a.tellSubscribers(ctx, r)
 	if !a.allReady && !slices.ContainsFunc(a.ranks, func(r *rankState) bool { return r.local && !r.ready }) {
-		a.allReady = true
+		a.allReady, *a.served = true, true
 		for _, w := range a.readyWaiters {
 			ctx.Send(w, &ready{})
 		}
@@ -130,7 +130,7 @@ func (a *APIServerActor) engineReady(ctx actor.Context, msg *dpnodev1.EngineRead
 // the requests still queued in its mailbox: they are being moved here.
 func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 	r := a.byRank[msg.rank]
-	if startErr, ok := msg.reason.(*StartError); ok && !a.allReady {
+	if startErr, ok := msg.reason.(*StartError); ok && !*a.served {
 		// A rank that could not start before the node served at all would
 		// fail the same way again: the node does not start.
 		r.failed = true

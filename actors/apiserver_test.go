@@ -268,6 +268,70 @@ func TestAPIServerCrashLosesNoRequest(t *testing.T) {
 	tn.assertSettled(t)
 }
 
+// processStub is an executor whose model runs in a process of its own. A
+// constructor that fails returns it as a nil pointer, which panics when
+// closed.
+type processStub struct{ exited chan struct{} }
+
+func (p *processStub) Execute(context.Context, *engine.Batch) (engine.StepResult, error) {
+	return engine.StepResult{}, nil
+}
+func (p *processStub) Done() <-chan struct{} { return p.exited }
+func (p *processStub) Err() error            { return nil }
+func (p *processStub) Close() error          { close(p.exited); return nil }
+
+// apiServerFault crashes the API server that receives it.
+type apiServerFault struct{}
+
+// TestAPIServerCrashWhileAnEngineStarts crashes the API server while the
+// engine it restarted after a crash is still starting: the start is
+// cancelled and fails as a model worker's does, with a nil process
+// pointer. The engine must stop all the same, or the API server's restart,
+// which waits for its children to stop, never ends.
+func TestAPIServerCrashWhileAnEngineStarts(t *testing.T) {
+	prev := faultHook
+	faultHook = func(ctx actor.Context) bool {
+		if _, ok := ctx.Message().(*apiServerFault); ok {
+			panic("injected API server fault")
+		}
+		return prev != nil && prev(ctx)
+	}
+	t.Cleanup(func() { faultHook = prev })
+	starting := make(chan struct{})
+	// Rank 0's first step crashes its engine.
+	tn := startTestNode(t, 1, 0, 0, 1, func(cfg *NodeConfig) {
+		inner := cfg.NewExecutor
+		var built atomic.Int32
+		cfg.NewExecutor = func(ctx context.Context, rank int, dev gpu.Device) (engine.Executor, error) {
+			if built.Add(1) != 2 {
+				return inner(ctx, rank, dev)
+			}
+			// The restart after the crash loads its model until cancelled.
+			close(starting)
+			<-ctx.Done()
+			var p *processStub
+			return p, ctx.Err()
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	s := NewStream()
+	tn.Submit(&Submission{ID: "crash", Prompt: tn.tok.Tokens("crash the engine"), Sampling: engine.SamplingParams{MaxTokens: 2, IgnoreEOS: true},
+		Rank: AnyRank, Stream: s, Arrival: time.Now()})
+	select {
+	case <-starting:
+	case <-ctx.Done():
+		t.Fatal("rank 0's engine did not crash and restart")
+	}
+	tn.System().Root.Send(tn.APIServer(), &apiServerFault{})
+	if r := collect(ctx, s); r.err != nil || len(r.tokens) != 2 {
+		t.Fatalf("the request across both crashes: %v, %d tokens", r.err, len(r.tokens))
+	}
+	if _, err := tn.View(ctx); err != nil {
+		t.Fatalf("the API server after its restart: %v", err)
+	}
+}
+
 // TestLostSubscriptionIsSentAgain: an API server's subscription to another
 // node's ranks that is lost on the way (a connection that breaks as it is
 // sent: no answer comes, and no Terminated either) is sent again until the

@@ -211,7 +211,16 @@ func (e *EngineActor) start(ctx actor.Context) {
 			close(started.done)
 			root.Send(self, started)
 		}()
-		started.exec, started.err = newExec(stepCtx)
+		exec, err := newExec(stepCtx)
+		if err != nil {
+			// A failed start has no executor to close. What comes back
+			// with the error can be a nil pointer in a non-nil interface,
+			// whose Close panics; in stop that panic would leave the
+			// actor half stopped, never sending Terminated, and its
+			// supervisor waiting for it for good.
+			exec = nil
+		}
+		started.exec, started.err = exec, err
 	}()
 }
 

@@ -100,7 +100,13 @@ func (p *plan) newEngine(o Options, inv gpu.Inventory, topo dp.Topology) (*nodeE
 		} else if cfg.KVCacheBytes == 0 {
 			cfg.KVCacheBytes = DefaultCPUKVCache
 		}
-		return llamacpp.NewExecutor(ctx, cfg)
+		exec, err := llamacpp.NewExecutor(ctx, cfg)
+		if err != nil {
+			// Not exec: a nil *llamacpp.Executor is a non-nil
+			// engine.Executor.
+			return nil, err
+		}
+		return exec, nil
 	}
 	e.describe = []any{"model_file", p.model.Path, "architecture", p.model.Architecture, "threads_per_rank", threads, "kv_cache_dtype", p.kvDtype,
 		"chat_template", e.template != nil, "max_num_seqs", p.scheduler.MaxNumSeqs}

@@ -66,8 +66,9 @@ type APIServerConfig struct {
 	Node string
 	// Engines configures one engine per local rank.
 	Engines []EngineConfig
-	// DataParallelSize is the number of ranks in the deployment.
-	DataParallelSize int
+	// Roster says which ranks the deployment has, when the API server
+	// starts; the node actor tells it of newer ones.
+	Roster dp.Roster
 	// BalanceRemote makes the API server send requests to other nodes'
 	// ranks as well as its own (internal load balancing).
 	BalanceRemote bool
@@ -151,6 +152,15 @@ type APIServerActor struct {
 	served *bool
 	// stopping is set while the API server and its engines stop.
 	stopping bool
+	// roster says which ranks the deployment has: a request pinned to
+	// one of them that is down waits for it, one pinned to any other
+	// rank fails.
+	roster dp.Roster
+}
+
+// rosterUpdate tells the API server of a newer roster.
+type rosterUpdate struct {
+	roster dp.Roster
 }
 
 // call is one request in flight.
@@ -186,7 +196,7 @@ func NewAPIServerProducer(cfg APIServerConfig) actor.Producer {
 	calls := make(map[string]*call)
 	served := new(bool)
 	return func() actor.Actor {
-		return &APIServerActor{cfg: cfg, calls: calls, served: served, byRank: make(map[int]*rankState),
+		return &APIServerActor{cfg: cfg, calls: calls, served: served, roster: cfg.Roster, byRank: make(map[int]*rankState),
 			hosts: make(map[string]*actor.PID), retry: make(map[string]*actor.PID),
 			unanswered: make(map[string]time.Time)}
 	}
@@ -227,6 +237,9 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		a.engineReady(ctx, msg)
 	case *engineFailed:
 		a.engineFailed(ctx, msg)
+	case *rosterUpdate:
+		a.roster = msg.roster
+		a.pruneRanks()
 	case *expireParked:
 		a.expireParked()
 	case *dpnodev1.CoordinatorChanged:
@@ -276,6 +289,7 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 				a.failPinned(r)
 			}
 		}
+		a.pruneRanks()
 	case *retryHosts:
 		a.retryHosts(ctx)
 	case *reconcile:
@@ -385,7 +399,7 @@ func (a *APIServerActor) pick(c *call) (*rankState, error) {
 			return nil, err
 		case r != nil && r.ready:
 			return r, nil
-		case r != nil || (a.cfg.BalanceRemote && rank >= 0 && rank < a.cfg.DataParallelSize):
+		case r != nil || (a.cfg.BalanceRemote && a.roster.Has(rank)):
 			// Down, or on a node that has not joined yet: wait for it.
 			return nil, nil
 		}

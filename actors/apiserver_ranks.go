@@ -203,6 +203,23 @@ func (a *APIServerActor) failPinned(r *rankState) {
 	a.cfg.Metrics.parked.Set(float64(len(a.parked)))
 }
 
+// pruneRanks forgets the remote ranks that are gone and no longer the
+// deployment's: an elastic deployment shrank by them. (A lost rank that is
+// still the deployment's is down, and kept: its node may come back.)
+func (a *APIServerActor) pruneRanks() {
+	if !a.roster.Elastic() {
+		return
+	}
+	a.ranks = slices.DeleteFunc(a.ranks, func(r *rankState) bool {
+		if r.local || !r.lost || a.roster.Has(r.rank) {
+			return false
+		}
+		delete(a.byRank, r.rank)
+		r.metrics.inflight.Set(0)
+		return true
+	})
+}
+
 // groupStatus: a local engine left the expert-parallel group (it missed a
 // collective: the others go on without it) or rejoined it. Out of the
 // group it cannot step, so its requests move, as after a crash, and are

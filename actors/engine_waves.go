@@ -116,6 +116,7 @@ func (ew *engineWaves) receive(ctx actor.Context, e *EngineActor, msg any) {
 			}
 			e.cfg.Logger.Warn("a step's collective is late; asking the coordinator to re-form the group without the missing ranks",
 				"missing", missing, "waited", e.cfg.CollectiveTimeout)
+			e.cfg.Metrics.collectiveTimeouts.Inc()
 			g := ew.w.Group()
 			ctx.Send(e.coordinator, &dpnodev1.CollectiveTimeout{CoordinatorEpoch: g.Epoch, Seq: g.Seq, Rank: uint32(ew.rank), Missing: wire})
 		}

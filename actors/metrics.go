@@ -38,11 +38,15 @@ type Metrics struct {
 	inflight, ready           *prometheus.GaugeVec
 	engineFailed              *prometheus.GaugeVec
 	waves, dummySteps         *prometheus.CounterVec
+	collectiveTimeouts        *prometheus.CounterVec
 	waveDuration, balance     *prometheus.HistogramVec
 	collectiveWait, waveStart *prometheus.HistogramVec
 	parked                    prometheus.Gauge
 	snapshots                 prometheus.Counter
 	nodesFoundGone            prometheus.Counter
+	// The deployment's size as this node knows it, and its changes.
+	dpSize, rosterVersion prometheus.Gauge
+	scaleUps, scaleDowns  prometheus.Counter
 	// outcomes maps a rank to its *outcomeSeries.
 	outcomes sync.Map
 }
@@ -87,6 +91,8 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 		ready:        gauge("dpnode_engine_ready", "1 while the rank's engine takes requests."),
 		engineFailed: gauge("dpnode_engine_failed", "1 when the rank's engine crashed too often and was stopped."),
 		waves:        counter("dpnode_waves_total", "Waves the engine stepped in (expert parallelism)."),
+		collectiveTimeouts: counter("dpnode_collective_timeouts_total",
+			"Steps whose collective waited out --ep-collective-timeout for missing ranks, which the group then went on without."),
 		dummySteps: counter("dpnode_dummy_steps_total",
 			"Steps the engine ran with no work, to keep a wave's collectives paired."),
 		waveDuration: hist("dpnode_wave_duration_seconds", "From an engine's first step of a wave to the wave's end.", e2eBuckets),
@@ -102,11 +108,20 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 			Help: "Load snapshots published by this node's coordinator."}),
 		nodesFoundGone: prometheus.NewCounter(prometheus.CounterOpts{Name: "dpnode_nodes_found_gone_total",
 			Help: "Peers this node found gone (their actor port refused connections) before gossip declared them dead."}),
+		dpSize: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dpnode_data_parallel_size",
+			Help: "Ranks in the deployment, as the newest roster this node has heard of says.", ConstLabels: prometheus.Labels{"model_name": model}}),
+		rosterVersion: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dpnode_roster_version",
+			Help: "Version of the newest roster (which node holds which ranks) this node has heard of."}),
+		scaleUps: prometheus.NewCounter(prometheus.CounterOpts{Name: "dpnode_scale_ups_total",
+			Help: "Roster changes this node heard of that grew the deployment (a node joined with new ranks)."}),
+		scaleDowns: prometheus.NewCounter(prometheus.CounterOpts{Name: "dpnode_scale_downs_total",
+			Help: "Roster changes this node heard of that shrank the deployment (a node left and gave its ranks back)."}),
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.success, m.promptTokens, m.generation,
 		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.computed, m.executorTime, m.stepTime, m.ttft, m.itl, m.e2e, m.restarts,
 		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.engineFailed, m.parked, m.snapshots, m.nodesFoundGone,
-		m.waves, m.dummySteps, m.waveDuration, m.balance, m.collectiveWait, m.waveStart)
+		m.dpSize, m.rosterVersion, m.scaleUps, m.scaleDowns,
+		m.waves, m.dummySteps, m.collectiveTimeouts, m.waveDuration, m.balance, m.collectiveWait, m.waveStart)
 	return m
 }
 
@@ -166,6 +181,7 @@ type rankMetrics struct {
 	redispatched              prometheus.Counter
 	inflight, ready, failed   prometheus.Gauge
 	waves, dummySteps         prometheus.Counter
+	collectiveTimeouts        prometheus.Counter
 	waveDuration, balance     prometheus.Observer
 	collectiveWait, waveStart prometheus.Observer
 }
@@ -189,7 +205,7 @@ func (m *Metrics) forRank(rank int) *rankMetrics {
 		ttft: m.ttft.With(l), itl: m.itl.With(l),
 		restarts: m.restarts.With(l), migrated: m.migrated.With(l), redispatched: m.redispatched.With(l),
 		inflight: m.inflight.With(l), ready: m.ready.With(l), failed: m.engineFailed.With(l),
-		waves: m.waves.With(l), dummySteps: m.dummySteps.With(l),
+		waves: m.waves.With(l), dummySteps: m.dummySteps.With(l), collectiveTimeouts: m.collectiveTimeouts.With(l),
 		waveDuration: m.waveDuration.With(l), balance: m.balance.With(l),
 		collectiveWait: m.collectiveWait.With(l), waveStart: m.waveStart.With(l),
 	}

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -61,6 +63,20 @@ type NodeConfig struct {
 	// before the group re-forms without the late ones; vLLM waits for
 	// NCCL's timeout, minutes, with the whole group stuck.
 	CollectiveTimeout time.Duration
+	// Roster is which node holds which ranks when the node starts:
+	// dp.Roster{Fixed: size} for a fixed size and no assigned ranks.
+	Roster dp.Roster
+	// PublishRoster spreads a roster this node's coordinator decided, and
+	// RefuseClaim tells a node why it gets no ranks; nil on a node with
+	// no peers.
+	PublishRoster func(dp.Roster)
+	RefuseClaim   func(node string, err error)
+	// Key is this node's identity in the roster (its gossip address);
+	// empty for a node that holds no ranks there.
+	Key string
+	// Experts is the model's expert count under expert parallelism: an
+	// elastic deployment's size must divide it. 0 when not checked.
+	Experts int
 	// AwaitMembership holds the coordinator election until
 	// MembershipReady: a node that has not yet heard of the cluster it
 	// joins would elect itself. Off for a node that has no peers.
@@ -110,10 +126,36 @@ func (c *NodeConfig) validate() error {
 	if c.Policy == nil {
 		c.Policy = dp.NewLiveLoad(c.Scheduler.MaxNumBatchedTokens)
 	}
+	if c.Roster.Elastic() && c.Roster.Version == 0 && !c.Topology.Elastic {
+		// No roster given: the topology's fixed size.
+		c.Roster = dp.Roster{Fixed: c.Topology.Size}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c.Scheduler.Validate()
+}
+
+// PendingMeta is what the node gossips before its actors run: what it
+// serves and how, without ranks or addresses. A node whose ranks are
+// given out at the join joins so, and gossips its whole metadata once its
+// actors run.
+func (c *NodeConfig) PendingMeta() *dpnodev1.NodeMeta {
+	topo := c.Topology
+	size := uint32(topo.Size)
+	if topo.Elastic {
+		size = 0
+	}
+	return &dpnodev1.NodeMeta{
+		DataParallelSize: size,
+		BootUnixNano:     time.Now().UnixNano(),
+		Mode:             topo.Mode.String(),
+		Headless:         topo.Headless,
+		Model:            c.Model,
+		ExpertParallel:   c.ExpertParallel,
+		Engine:           c.Engine,
+		Profile:          c.Profile,
+	}
 }
 
 // Node is a running node: its actor system and the PIDs the HTTP server
@@ -131,6 +173,9 @@ type Node struct {
 	failed   chan struct{}
 	failOnce sync.Once
 	failErr  error
+	// roster is the newest roster heard of, for a node actor that
+	// restarts.
+	roster atomic.Pointer[dp.Roster]
 }
 
 // StartNode starts a node's actors and returns once its engines run.
@@ -144,6 +189,7 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		return slog.New(minLevel{cfg.Logger.Handler(), slog.LevelWarn}).With("component", "protoactor")
 	}))
 	n := &Node{cfg: cfg, system: system, failed: make(chan struct{}), metrics: NewMetrics(cfg.Registry, cfg.Model)}
+	n.roster.Store(&cfg.Roster)
 	if cfg.Remote != nil {
 		// remote.Start panics when it cannot listen; find out first.
 		ln, err := net.Listen("tcp", cfg.Remote.Address())
@@ -158,22 +204,12 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 		// runs one node with a transport at a time (tests included).
 		n.remote.Start()
 	}
-	topo := cfg.Topology
-	n.meta = &dpnodev1.NodeMeta{
-		ActorAddress:     system.Address(),
-		HttpAddress:      cfg.HTTPAddress,
-		StartRank:        uint32(topo.StartRank),
-		LocalSize:        uint32(topo.LocalSize),
-		DataParallelSize: uint32(topo.Size),
-		BootUnixNano:     time.Now().UnixNano(),
-		Mode:             topo.Mode.String(),
-		Headless:         topo.Headless,
-		Model:            cfg.Model,
-		ExpertParallel:   cfg.ExpertParallel,
-		Engine:           cfg.Engine,
-		Profile:          cfg.Profile,
-	}
-	props := actor.PropsFromProducer(func() actor.Actor { return &nodeActor{cfg: cfg, self: n.meta, metrics: n.metrics, fail: n.fail} },
+	n.meta = cfg.PendingMeta()
+	n.meta.ActorAddress, n.meta.HttpAddress = system.Address(), cfg.HTTPAddress
+	n.meta.StartRank, n.meta.LocalSize = uint32(cfg.Topology.StartRank), uint32(cfg.Topology.LocalSize)
+	props := actor.PropsFromProducer(func() actor.Actor {
+		return &nodeActor{cfg: cfg, self: n.meta, metrics: n.metrics, fail: n.fail, roster: &n.roster}
+	},
 		actor.WithSupervisor(actor.NewOneForOneStrategy(10, time.Minute, actor.DefaultDecider)))
 	pid, err := system.Root.SpawnNamed(props, nodeID)
 	if err != nil {
@@ -233,6 +269,38 @@ func (n *Node) Finished(o Outcome) { n.metrics.recordOutcome(o) }
 // MemberEvent hands the node a membership change. It never blocks, so it
 // may be called from the membership library's own goroutines.
 func (n *Node) MemberEvent(ev *MemberEvent) { n.system.Root.Send(n.root, ev) }
+
+// SetRoster hands the node a roster heard of by gossip; an older one
+// than the node has is ignored. It never blocks.
+func (n *Node) SetRoster(r dp.Roster) {
+	if storeNewer(&n.roster, r) {
+		n.system.Root.Send(n.root, &rosterChanged{})
+	}
+}
+
+// storeNewer stores r unless p holds a roster as new or newer, and says
+// whether it did.
+func storeNewer(p *atomic.Pointer[dp.Roster], r dp.Roster) bool {
+	for {
+		cur := p.Load()
+		if !r.Newer(*cur) {
+			return false
+		}
+		if p.CompareAndSwap(cur, &r) {
+			return true
+		}
+	}
+}
+
+// Roster is the newest roster the node has heard of.
+func (n *Node) Roster() dp.Roster { return *n.roster.Load() }
+
+// ClaimRanks hands the node a node's claim for ranks, or (release) its
+// leave; the node decides it when it runs the coordinator, and ignores it
+// otherwise. It never blocks.
+func (n *Node) ClaimRanks(c dp.Claim, release bool) {
+	n.system.Root.Send(n.root, &claimRanks{claim: c, release: release})
+}
 
 // MembershipReady tells the node that it has joined the cluster (or
 // started a new one) and knows its members: the election may run.
@@ -325,6 +393,8 @@ const (
 type MemberEvent struct {
 	Kind MemberEventKind
 	Name string
+	// Key is the member's identity in the roster (its gossip address).
+	Key  string
 	Meta *dpnodev1.NodeMeta
 }
 
@@ -373,11 +443,30 @@ type dropRanks struct {
 
 type getMembers struct{}
 
+// rosterChanged tells the node actor that Node.roster moved on.
+type rosterChanged struct{}
+
+// claimRanks is a node's claim, for the coordinator's node to decide.
+type claimRanks struct {
+	claim   dp.Claim
+	release bool
+}
+
+// SizeChange is one change of the deployment's size this node heard of.
+type SizeChange struct {
+	Version uint64    `json:"version"`
+	Size    int       `json:"size"`
+	From    int       `json:"from"`
+	At      time.Time `json:"at"`
+}
+
 // membersView is the node actor's part of the cluster view.
 type membersView struct {
 	members  map[string]*dpnodev1.NodeMeta
 	election dp.Election
 	running  bool
+	roster   dp.Roster
+	changes  []SizeChange
 }
 
 // nodeActor is the root of a node. It owns the membership as seen by this
@@ -414,6 +503,21 @@ type nodeActor struct {
 	probing map[string]bool
 	// endpoints delivers the actor transport's lost connections.
 	endpoints *eventstream.Subscription
+	// roster is the Node's newest roster; known is the one this actor
+	// acts on, and changes are the size's recent changes.
+	roster  *atomic.Pointer[dp.Roster]
+	known   dp.Roster
+	changes []SizeChange
+	// keys are the members' roster keys; pending, the members in gossip
+	// that have not started their actors (they wait for their ranks, or
+	// load their model).
+	keys    map[string]string
+	pending map[string]pendingMember
+}
+
+type pendingMember struct {
+	key  string
+	boot int64
 }
 
 func (n *nodeActor) Receive(ctx actor.Context) {
@@ -443,6 +547,7 @@ func (n *nodeActor) Receive(ctx actor.Context) {
 		n.electing = true
 		n.reelect(ctx)
 	case *apiServerStarted:
+		ctx.Send(n.api, &rosterUpdate{roster: n.known})
 		for name, m := range n.members {
 			if name != n.cfg.Name {
 				ctx.Send(n.api, &nodeUp{name: name, meta: m})
@@ -465,7 +570,12 @@ func (n *nodeActor) Receive(ctx actor.Context) {
 	case *getChildren:
 		ctx.Respond(&children{apiServer: n.api})
 	case *getMembers:
-		ctx.Respond(&membersView{members: clone(n.members), election: n.election, running: n.coord != nil})
+		ctx.Respond(&membersView{members: clone(n.members), election: n.election, running: n.coord != nil,
+			roster: n.known, changes: slices.Clone(n.changes)})
+	case *rosterChanged:
+		n.adoptRoster(ctx)
+	case *claimRanks:
+		n.claim(ctx, msg)
 	}
 }
 
@@ -480,6 +590,11 @@ func clone[K comparable, V any](m map[K]V) map[K]V {
 func (n *nodeActor) start(ctx actor.Context) {
 	cfg := n.cfg
 	n.members = map[string]*dpnodev1.NodeMeta{cfg.Name: n.self}
+	n.keys = map[string]string{cfg.Name: cfg.Key}
+	n.pending = map[string]pendingMember{}
+	n.known = *n.roster.Load()
+	n.metrics.dpSize.Set(float64(n.known.Size()))
+	n.metrics.rosterVersion.Set(float64(n.known.Version))
 	engines := make([]EngineConfig, cfg.Topology.LocalSize)
 	for i := range engines {
 		rank, dev := cfg.Topology.StartRank+i, cfg.Devices[i]
@@ -494,20 +609,20 @@ func (n *nodeActor) start(ctx actor.Context) {
 		}
 	}
 	api, err := ctx.SpawnNamed(actor.PropsFromProducer(NewAPIServerProducer(APIServerConfig{
-		Node:             cfg.Name,
-		Engines:          engines,
-		DataParallelSize: cfg.Topology.Size,
-		BalanceRemote:    cfg.Topology.BalancesRemote(),
-		ExpertParallel:   cfg.ExpertParallel,
-		MaxNumSeqs:       cfg.Scheduler.MaxNumSeqs,
-		Policy:           cfg.Policy,
-		BlockSize:        cfg.Scheduler.BlockSize,
-		Restart:          cfg.Restart,
-		ParkTimeout:      cfg.ParkTimeout,
-		Migration:        cfg.Migration,
-		MaxMigrations:    cfg.MaxMigrations,
-		Metrics:          n.metrics,
-		Logger:           cfg.Logger,
+		Node:           cfg.Name,
+		Engines:        engines,
+		Roster:         n.known,
+		BalanceRemote:  cfg.Topology.BalancesRemote(),
+		ExpertParallel: cfg.ExpertParallel,
+		MaxNumSeqs:     cfg.Scheduler.MaxNumSeqs,
+		Policy:         cfg.Policy,
+		BlockSize:      cfg.Scheduler.BlockSize,
+		Restart:        cfg.Restart,
+		ParkTimeout:    cfg.ParkTimeout,
+		Migration:      cfg.Migration,
+		MaxMigrations:  cfg.MaxMigrations,
+		Metrics:        n.metrics,
+		Logger:         cfg.Logger,
 	})), "api-server")
 	if err != nil {
 		panic(fmt.Errorf("actors: spawning the API server: %w", err))
@@ -529,6 +644,20 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 	if ev.Name == n.cfg.Name || ev.Meta == nil {
 		return
 	}
+	if ev.Meta.ActorAddress == "" {
+		// A node that joined gossip to be given its ranks, and has not
+		// started its actors: not a member to send to yet, but its ranks
+		// count for the quorum once they are the deployment's.
+		if ev.Kind == MemberLeft {
+			delete(n.pending, ev.Name)
+			n.dropJoining(ctx, ev.Key)
+		} else {
+			n.pending[ev.Name] = pendingMember{key: ev.Key, boot: ev.Meta.BootUnixNano}
+		}
+		n.reelect(ctx)
+		return
+	}
+	delete(n.pending, ev.Name)
 	if ev.Meta.ActorAddress == n.self.ActorAddress {
 		// An earlier incarnation of this node, restarted before gossip
 		// declared it dead: it is not a peer, and its death must not cut
@@ -541,10 +670,14 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 			return
 		}
 		n.members[ev.Name] = ev.Meta
+		n.keys[ev.Name] = ev.Key
 		ctx.Send(n.api, &nodeUp{name: ev.Name, meta: ev.Meta})
+		n.commitJoining(ctx, ev.Key, ev.Meta)
 	case MemberLeft:
 		delete(n.gone, ev.Name)
 		n.memberGone(ctx, ev.Name, true)
+		delete(n.keys, ev.Name)
+		n.dropJoining(ctx, ev.Key)
 	}
 	n.reelect(ctx)
 }
@@ -716,10 +849,18 @@ func (n *nodeActor) reelect(ctx actor.Context) {
 	}
 	var ms []dp.Member
 	for name, m := range n.members {
-		ms = append(ms, dp.Member{Name: name, Boot: m.BootUnixNano, StartRank: int(m.StartRank), LocalSize: int(m.LocalSize)})
+		ms = append(ms, dp.Member{Name: name, Boot: m.BootUnixNano, StartRank: int(m.StartRank), LocalSize: int(m.LocalSize), Key: n.keys[name]})
 	}
-	e := dp.Elect(ms, n.cfg.Topology.Size)
+	for name, p := range n.pending {
+		ms = append(ms, dp.Member{Name: name, Boot: p.boot, Key: p.key, Pending: true})
+	}
+	e := dp.Elect(ms, n.known)
+	decided := n.decides()
 	n.election = e
+	if !decided && n.decides() {
+		// Joining holds a previous leader left behind.
+		defer n.sweepJoining(ctx)
+	}
 	mine := e.Quorum && e.Leader.Name == n.cfg.Name
 	switch {
 	case mine && n.coord == nil:
@@ -798,6 +939,144 @@ func (n *nodeActor) terminated(ctx actor.Context, who *actor.PID) {
 		n.deposed = nil
 	}
 	n.reelect(ctx)
+}
+
+// maxSizeChanges is how many of the size's changes the view keeps.
+const maxSizeChanges = 32
+
+// adoptRoster acts on a newer roster: the size and its change are
+// recorded, the API server learns which ranks exist, and the election
+// counts the new ranks.
+func (n *nodeActor) adoptRoster(ctx actor.Context) {
+	r := *n.roster.Load()
+	if !r.Newer(n.known) {
+		return
+	}
+	from, to := n.known.Size(), r.Size()
+	n.known = r
+	n.metrics.dpSize.Set(float64(to))
+	n.metrics.rosterVersion.Set(float64(r.Version))
+	if to != from {
+		if to > from {
+			n.metrics.scaleUps.Inc()
+		} else {
+			n.metrics.scaleDowns.Inc()
+		}
+		n.changes = append(n.changes, SizeChange{Version: r.Version, Size: to, From: from, At: time.Now()})
+		if len(n.changes) > maxSizeChanges {
+			n.changes = n.changes[len(n.changes)-maxSizeChanges:]
+		}
+		n.cfg.Logger.Info("the deployment's size changed", "from", from, "to", to, "roster_version", r.Version)
+	}
+	ctx.Send(n.api, &rosterUpdate{roster: r})
+	n.reelect(ctx)
+}
+
+// decides reports whether this node changes the roster: it leads, and
+// sees a majority of the ranks (dp.Election.Decides). A node with no
+// peers never does.
+func (n *nodeActor) decides() bool {
+	return n.election.Decides && n.election.Leader.Name == n.cfg.Name && n.cfg.PublishRoster != nil
+}
+
+// decide adopts a roster this node's coordinator decided, and spreads it.
+func (n *nodeActor) decide(ctx actor.Context, next dp.Roster) {
+	if storeNewer(n.roster, next) {
+		n.adoptRoster(ctx)
+	}
+	if n.cfg.PublishRoster != nil {
+		n.cfg.PublishRoster(next)
+	}
+}
+
+// commitJoining makes a joining node's ranks the deployment's once it
+// serves them, when this node runs the coordinator.
+func (n *nodeActor) commitJoining(ctx actor.Context, key string, m *dpnodev1.NodeMeta) {
+	if !n.decides() || key == "" {
+		return
+	}
+	h, ok := n.known.Holding(key)
+	if !ok || !h.Joining || int(m.StartRank) != h.Start || int(m.LocalSize) != h.Count {
+		return
+	}
+	next, _ := n.known.Commit(key, n.election.Epoch)
+	n.cfg.Logger.Info("a node serves the ranks it was given; they join the deployment", "node", key, "ranks", h.String(), "size", next.Size())
+	n.decide(ctx, next)
+}
+
+// dropJoining frees the ranks of a node that left before it served them,
+// when this node runs the coordinator: it may never come back.
+func (n *nodeActor) dropJoining(ctx actor.Context, key string) {
+	if !n.decides() || key == "" {
+		return
+	}
+	if h, ok := n.known.Holding(key); !ok || !h.Joining {
+		return
+	}
+	next, _ := n.known.Release(key, n.election.Epoch)
+	n.cfg.Logger.Warn("a node left before it served the ranks it was given; they are free again", "node", key)
+	n.decide(ctx, next)
+}
+
+// sweepJoining settles the joining holds a new coordinator finds: those
+// of nodes that serve are committed, those of nodes gone are freed.
+func (n *nodeActor) sweepJoining(ctx actor.Context) {
+	present := map[string]bool{}
+	for _, p := range n.pending {
+		present[p.key] = true
+	}
+	for name, key := range n.keys {
+		if m := n.members[name]; m != nil {
+			present[key] = true
+			n.commitJoining(ctx, key, m)
+		}
+	}
+	for _, h := range n.known.Holds {
+		if h.Joining && !present[h.Node] {
+			n.dropJoining(ctx, h.Node)
+		}
+	}
+}
+
+// claim decides a node's claim for ranks, or its leave, when this node
+// runs the coordinator: the one place where ranks are given out, so that
+// two nodes that join at once never get the same ones. Elsewhere the
+// claim is ignored; the claimant sends it to every member until the
+// roster answers it.
+func (n *nodeActor) claim(ctx actor.Context, msg *claimRanks) {
+	if !n.decides() {
+		return
+	}
+	epoch := n.election.Epoch
+	next := n.known
+	if msg.release {
+		var ok bool
+		if next, ok = n.known.Release(msg.claim.Node, epoch); ok {
+			n.cfg.Logger.Info("a node leaves and gives its ranks back", "node", msg.claim.Node, "size", next.Size())
+		}
+	} else {
+		var busy []dp.Member
+		for name, m := range n.members {
+			busy = append(busy, dp.Member{Name: name, StartRank: int(m.StartRank), LocalSize: int(m.LocalSize)})
+		}
+		c := msg.claim
+		c.Experts = max(c.Experts, n.cfg.Experts)
+		var h dp.Hold
+		var err error
+		if next, h, err = n.known.Assign(c, busy, epoch); err != nil {
+			n.cfg.Logger.Warn("refused a node's claim for ranks", "node", c.Node, "error", err)
+			if n.cfg.RefuseClaim != nil {
+				n.cfg.RefuseClaim(c.Node, err)
+			}
+			return
+		}
+		if next.Version != n.known.Version {
+			n.cfg.Logger.Info("gave a node its ranks", "node", c.Node, "ranks", h.String(), "size", next.Size())
+		}
+	}
+	// Published even when nothing changed: the claimant asks because it
+	// has not heard of the roster that answers it.
+	n.decide(ctx, next)
 }
 
 // minLevel drops records below a level.

@@ -77,11 +77,31 @@ type ClusterView struct {
 	Model            string          `json:"model"`
 	Mode             string          `json:"mode"`
 	DataParallelSize int             `json:"data_parallel_size"`
+	Size             SizeView        `json:"size"`
 	Nodes            []NodeView      `json:"nodes"`
 	Ranks            []RankView      `json:"ranks"`
 	Coordinator      CoordinatorView `json:"coordinator"`
 	Parked           int             `json:"parked_requests"`
 	InFlight         int             `json:"in_flight_requests"`
+}
+
+// SizeView is the deployment's size as cluster state: the roster's
+// version, who holds which ranks, and the recent changes.
+type SizeView struct {
+	// Elastic is true when the size follows the cluster
+	// (--data-parallel-size auto).
+	Elastic bool `json:"elastic"`
+	// Version is the roster's; 0 while no rank was ever given out.
+	Version uint64       `json:"version"`
+	Holds   []HoldView   `json:"holds,omitempty"`
+	Changes []SizeChange `json:"changes,omitempty"`
+}
+
+// HoldView is one node's ranks in the roster.
+type HoldView struct {
+	Node      string `json:"node"`
+	FirstRank int    `json:"first_rank"`
+	Ranks     int    `json:"ranks"`
 }
 
 // apiServerView is the API server's part of the cluster view.
@@ -132,8 +152,12 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 	av := res.(*apiServerView)
 
 	topo := n.cfg.Topology
-	v := &ClusterView{Self: n.cfg.Name, Model: n.cfg.Model, Mode: topo.Mode.String(), DataParallelSize: topo.Size,
+	v := &ClusterView{Self: n.cfg.Name, Model: n.cfg.Model, Mode: topo.Mode.String(), DataParallelSize: mv.roster.Size(),
+		Size:  SizeView{Elastic: mv.roster.Elastic(), Version: mv.roster.Version, Changes: mv.changes},
 		Ranks: av.ranks, Parked: av.parked, InFlight: av.inFlight}
+	for _, h := range mv.roster.Holds {
+		v.Size.Holds = append(v.Size.Holds, HoldView{Node: h.Node, FirstRank: h.Start, Ranks: h.Count})
+	}
 	owner := map[int]string{}
 	for name, m := range mv.members {
 		v.Nodes = append(v.Nodes, NodeView{Name: name, Self: name == n.cfg.Name, ActorAddress: m.ActorAddress, HTTPAddress: m.HttpAddress,
@@ -155,6 +179,11 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 		v.Coordinator.Wave, v.Coordinator.WaveRunning, v.Coordinator.Group = snap.CurrentWave, snap.EnginesRunning, snap.GroupRanks
 		for _, l := range snap.Ranks {
 			if slices.ContainsFunc(v.Ranks, func(r RankView) bool { return r.Rank == int(l.Rank) }) {
+				continue
+			}
+			if owner[int(l.Rank)] == "" && !mv.roster.Has(int(l.Rank)) {
+				// A rank that left the deployment, last reported by its
+				// engine on the way out.
 				continue
 			}
 			v.Ranks = append(v.Ranks, RankView{Rank: int(l.Rank), Node: owner[int(l.Rank)], Ready: owner[int(l.Rank)] != "",

@@ -21,9 +21,6 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/packages/ssestream"
-
-	"github.com/dpnode/dpnode/engine"
-	"github.com/dpnode/dpnode/engine/sim"
 )
 
 var (
@@ -59,15 +56,9 @@ var chaosEngines = map[string]chaosEngineKind{
 	"sim": {
 		args: func(*testing.T) []string { return []string{"--sim-time-scale", "0.2"} },
 		expected: func(_ *testing.T, reqs []chaosRequest) []string {
-			tok := sim.NewTokenizer(0)
 			out := make([]string, len(reqs))
 			for i, q := range reqs {
-				h := engine.PromptHash(tok.Tokens(q.prompt), nil)
-				ids := make([]uint32, q.maxTokens)
-				for j := range ids {
-					ids[j] = tok.Sample(h, j, &engine.SamplingParams{IgnoreEOS: true})
-				}
-				out[i] = tok.Decode(ids)
+				out[i] = simText(q.prompt, q.maxTokens)
 			}
 			return out
 		},

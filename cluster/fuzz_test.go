@@ -137,19 +137,16 @@ func FuzzGossipMeta(f *testing.F) {
 	g := startGossipNode(f)
 	f.Cleanup(func() { g.stop(f) })
 	self := g.node.Meta()
-	d := &delegate{
-		cfg: MembershipConfig{Name: g.node.Name(), Meta: self, Logger: slog.New(slog.DiscardHandler),
-			OnEvent: func(ev *actors.MemberEvent) {
-				mu.Lock()
-				events = append(events, ev)
-				mu.Unlock()
-				g.node.MemberEvent(ev)
-			},
-			OnConflict: func(error) {}},
-		self: dp.Member{Name: g.node.Name(), Boot: self.BootUnixNano, StartRank: int(self.StartRank), LocalSize: int(self.LocalSize)},
-		// This node's own gossip address.
-		selfAddr: "127.0.0.1:7946",
-	}
+	d := newDelegate(MembershipConfig{Name: g.node.Name(), Meta: self, Logger: slog.New(slog.DiscardHandler),
+		OnEvent: func(ev *actors.MemberEvent) {
+			mu.Lock()
+			events = append(events, ev)
+			mu.Unlock()
+			g.node.MemberEvent(ev)
+		},
+		OnConflict: func(error) {}}, nil, 4)
+	// This node's own gossip address.
+	d.selfAddr = "127.0.0.1:7946"
 	taken := func() []*actors.MemberEvent {
 		mu.Lock()
 		defer mu.Unlock()

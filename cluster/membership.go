@@ -48,7 +48,20 @@ type MembershipConfig struct {
 	// node's ranks after the join (two nodes joined at once): this node
 	// must go.
 	OnConflict func(error)
-	Logger     *slog.Logger
+	// Roster is the roster the node starts with: dp.Roster{Fixed: size},
+	// or an empty elastic one; gossip brings newer ones.
+	Roster dp.Roster
+	Logger *slog.Logger
+}
+
+// Handler is what a running node takes from gossip: membership changes,
+// a conflict that ends it, rosters, and (on the coordinator's node)
+// claims for ranks. actors.Node is one.
+type Handler interface {
+	MemberEvent(*actors.MemberEvent)
+	Fail(error)
+	SetRoster(dp.Roster)
+	ClaimRanks(c dp.Claim, release bool)
 }
 
 // Membership is a node's view of the cluster, kept by gossip.
@@ -56,6 +69,17 @@ type Membership struct {
 	list *memberlist.Memberlist
 	d    *delegate
 }
+
+// rosterBroadcast is a roster on its way through gossip; a newer one
+// replaces it in the queue.
+type rosterBroadcast []byte
+
+func (b rosterBroadcast) Invalidates(other memberlist.Broadcast) bool {
+	_, ok := other.(rosterBroadcast)
+	return ok
+}
+func (b rosterBroadcast) Message() []byte { return b }
+func (b rosterBroadcast) Finished()       {}
 
 // StartMembership creates the node's gossip endpoint and joins the seeds.
 // A node whose ranks another node already hosts is refused here, with an
@@ -100,13 +124,15 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	}
 	mc.SecretKey = cfg.SecretKey
 	mc.Logger = log.New(&slogWriter{logger: cfg.Logger.With("component", "memberlist")}, "", 0)
-	d := &delegate{cfg: cfg, meta: meta, self: dp.Member{Name: cfg.Name, Boot: cfg.Meta.BootUnixNano,
-		StartRank: int(cfg.Meta.StartRank), LocalSize: int(cfg.Meta.LocalSize)}}
+	d := newDelegate(cfg, meta, mc.RetransmitMult)
 	mc.Delegate, mc.Events, mc.Merge, mc.Alive = d, d, d, d
 	list, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: starting gossip on %s: %w", cfg.Bind, err)
 	}
+	d.mu.Lock()
+	d.list = list
+	d.mu.Unlock()
 	d.selfAddr = list.LocalNode().Address()
 	m := &Membership{list: list, d: d}
 	if len(cfg.Seeds) > 0 {
@@ -142,7 +168,8 @@ func (m *Membership) Address() string { return m.list.LocalNode().Address() }
 // NumMembers counts the live members, this node included.
 func (m *Membership) NumMembers() int { return m.list.NumMembers() }
 
-// SetMeta gossips new node metadata (a node that starts draining).
+// SetMeta gossips new node metadata: a node that started its actors, or
+// one that starts draining.
 func (m *Membership) SetMeta(meta *dpnodev1.NodeMeta) error {
 	b, err := proto.Marshal(meta)
 	if err != nil {
@@ -150,8 +177,173 @@ func (m *Membership) SetMeta(meta *dpnodev1.NodeMeta) error {
 	}
 	m.d.mu.Lock()
 	m.d.meta = b
+	m.d.self.StartRank, m.d.self.LocalSize = int(meta.StartRank), int(meta.LocalSize)
 	m.d.mu.Unlock()
 	return m.list.UpdateNode(2 * time.Second)
+}
+
+// Key is the node's identity in the roster: its gossip address, the same
+// across restarts.
+func (m *Membership) Key() string { return m.d.selfAddr }
+
+// Attach hands gossip over to the running node: the membership changes
+// seen since the join, then every later one, and the newest roster.
+func (m *Membership) Attach(h Handler) {
+	d := m.d
+	d.mu.Lock()
+	d.onEvent, d.onConflict, d.onRoster, d.onClaim = h.MemberEvent, h.Fail, h.SetRoster, h.ClaimRanks
+	for _, ev := range d.pending {
+		h.MemberEvent(ev)
+	}
+	d.pending = nil
+	r := d.roster
+	d.mu.Unlock()
+	h.SetRoster(r)
+}
+
+// Roster is the newest roster this node has heard of.
+func (m *Membership) Roster() dp.Roster {
+	m.d.mu.Lock()
+	defer m.d.mu.Unlock()
+	return m.d.roster
+}
+
+// Publish spreads a roster this node's coordinator decided.
+func (m *Membership) Publish(r dp.Roster) {
+	if !m.d.adopt(r) {
+		// Nothing newer here, but the claimant that asked has not heard
+		// of it: gossip it again.
+		m.d.queue.QueueBroadcast(rosterBroadcast(encodeRoster(m.d.currentRoster())))
+	}
+}
+
+// Refuse tells the node whose key is node that it gets no ranks, and why.
+func (m *Membership) Refuse(node string, err error) {
+	b := mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Refused{Refused: &dpnodev1.ClaimRefused{Node: node, Reason: err.Error()}}})
+	for _, n := range m.list.Members() {
+		if n.Address() == node {
+			go func() { _ = m.list.SendReliable(n, b) }()
+		}
+	}
+}
+
+// ErrNoCoordinator says that no coordinator answered a claim for ranks.
+var ErrNoCoordinator = errors.New("no coordinator answered: it runs on the oldest node once the live nodes hold a majority of the deployment's ranks")
+
+// claimEvery is how often a claim is sent again until it is answered.
+const claimEvery = time.Second
+
+// Claim asks the coordinator for this node's ranks and waits for the
+// roster that gives them, or for its refusal. A node that starts a new
+// cluster (founder) has no coordinator to ask: it writes the first roster
+// itself.
+func (m *Membership) Claim(ctx context.Context, c dp.Claim, founder bool) (dp.Hold, error) {
+	c.Node = m.Key()
+	return m.untilRoster(ctx, &dpnodev1.RankClaim{Node: c.Node, StartRank: int32(c.Start), Count: uint32(c.Count), Experts: uint32(c.Experts)},
+		func(r dp.Roster) (dp.Hold, bool, error) {
+			if h, ok := r.Holding(c.Node); ok && h.Count == c.Count && (c.Start < 0 || h.Start == c.Start) {
+				return h, true, nil
+			}
+			if founder && r.Version == 0 {
+				// Nobody else serves: the founder's ranks are the
+				// deployment's from the start.
+				next, _, err := r.Assign(c, nil, uint64(m.d.cfg.Meta.BootUnixNano))
+				if err != nil {
+					return dp.Hold{}, false, err
+				}
+				next, _ = next.Commit(c.Node, next.Epoch)
+				next.Version = 1
+				m.d.adopt(next)
+			}
+			return dp.Hold{}, false, nil
+		})
+}
+
+// Release gives this node's ranks back as it leaves, and waits for the
+// roster without them.
+func (m *Membership) Release(ctx context.Context) error {
+	_, err := m.untilRoster(ctx, &dpnodev1.RankClaim{Node: m.Key(), Release: true}, func(r dp.Roster) (dp.Hold, bool, error) {
+		_, held := r.Holding(m.Key())
+		return dp.Hold{}, !held, nil
+	})
+	return err
+}
+
+// untilRoster sends claim to every member (the coordinator's node is the
+// one that acts) until done says the roster answered it.
+func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim, done func(dp.Roster) (dp.Hold, bool, error)) (dp.Hold, error) {
+	d := m.d
+	d.mu.Lock()
+	d.claimRefusal = nil
+	d.mu.Unlock()
+	b := mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Claim{Claim: claim}})
+	var next time.Time
+	for {
+		d.mu.Lock()
+		r, refusal, changed, onClaim := d.roster, d.claimRefusal, d.changed, d.onClaim
+		d.mu.Unlock()
+		if refusal != nil {
+			return dp.Hold{}, refusal
+		}
+		h, ok, err := done(r)
+		if err != nil || ok {
+			return h, err
+		}
+		if d.currentRoster().Newer(r) {
+			continue
+		}
+		if now := time.Now(); now.After(next) {
+			next = now.Add(claimEvery)
+			if onClaim != nil {
+				onClaim(dp.Claim{Node: claim.Node, Start: int(claim.StartRank), Count: int(claim.Count), Experts: int(claim.Experts)}, claim.Release)
+			}
+			for _, n := range m.list.Members() {
+				if n.Name != d.cfg.Name {
+					go func() { _ = m.list.SendReliable(n, b) }()
+				}
+			}
+		}
+		t := time.NewTimer(time.Until(next))
+		select {
+		case <-changed:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return dp.Hold{}, fmt.Errorf("%w (%v)", ErrNoCoordinator, ctx.Err())
+		}
+		t.Stop()
+	}
+}
+
+func mustMarshal(msg proto.Message) []byte {
+	b, err := proto.Marshal(msg)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+func encodeRoster(r dp.Roster) []byte {
+	pr := &dpnodev1.Roster{Version: r.Version, Epoch: r.Epoch, FixedSize: uint32(r.Fixed)}
+	for _, h := range r.Holds {
+		pr.Holds = append(pr.Holds, &dpnodev1.RankHold{Node: h.Node, StartRank: uint32(h.Start), Count: uint32(h.Count)})
+	}
+	return mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Roster{Roster: pr}})
+}
+
+// decodeRoster reads a gossiped roster, refusing one whose holds overlap
+// or run past dp.MaxRanks: a node acts on every rank of it.
+func decodeRoster(pr *dpnodev1.Roster) (dp.Roster, error) {
+	r := dp.Roster{Version: pr.Version, Epoch: pr.Epoch, Fixed: int(pr.FixedSize)}
+	end := 0
+	for _, h := range pr.Holds {
+		if h.StartRank < uint32(end) || uint64(h.StartRank)+uint64(h.Count) > dp.MaxRanks || h.Count == 0 {
+			return dp.Roster{}, fmt.Errorf("cluster: a gossiped roster holds bad ranks (%s: %d ranks from %d)", h.Node, h.Count, h.StartRank)
+		}
+		r.Holds = append(r.Holds, dp.Hold{Node: h.Node, Start: int(h.StartRank), Count: int(h.Count)})
+		end = int(h.StartRank + h.Count)
+	}
+	return r, nil
 }
 
 // Leave tells the others this node is going, so that they drop it at once
@@ -166,12 +358,116 @@ func (m *Membership) Leave(timeout time.Duration) {
 // events on without blocking.
 type delegate struct {
 	cfg      MembershipConfig
-	self     dp.Member
 	selfAddr string
+	queue    *memberlist.TransmitLimitedQueue
 
 	mu      sync.Mutex
+	list    *memberlist.Memberlist
+	self    dp.Member
 	refusal error
 	meta    []byte
+	// roster is the newest heard of; changed is closed and replaced when
+	// it changes, or a claim of this node's is refused (claimRefusal).
+	roster       dp.Roster
+	changed      chan struct{}
+	claimRefusal error
+	// The running node's handlers; events before it attached are kept in
+	// pending.
+	onEvent    func(*actors.MemberEvent)
+	onConflict func(error)
+	onRoster   func(dp.Roster)
+	onClaim    func(dp.Claim, bool)
+	pending    []*actors.MemberEvent
+}
+
+// newDelegate makes the delegate of a node whose encoded metadata is
+// meta; retransmit is memberlist's RetransmitMult.
+func newDelegate(cfg MembershipConfig, meta []byte, retransmit int) *delegate {
+	d := &delegate{cfg: cfg, meta: meta, self: dp.Member{Name: cfg.Name, Boot: cfg.Meta.BootUnixNano,
+		StartRank: int(cfg.Meta.StartRank), LocalSize: int(cfg.Meta.LocalSize)},
+		roster: cfg.Roster, changed: make(chan struct{}), onEvent: cfg.OnEvent, onConflict: cfg.OnConflict}
+	if d.roster.Elastic() && d.roster.Version == 0 && cfg.Meta.DataParallelSize > 0 {
+		d.roster.Fixed = int(cfg.Meta.DataParallelSize)
+	}
+	d.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: retransmit, NumNodes: d.numNodes}
+	return d
+}
+
+func (d *delegate) numNodes() int {
+	d.mu.Lock()
+	l := d.list
+	d.mu.Unlock()
+	if l == nil {
+		return 1
+	}
+	return l.NumMembers()
+}
+
+func (d *delegate) currentRoster() dp.Roster {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.roster
+}
+
+// adopt keeps r when it is newer than the roster held, gossips it on and
+// hands it to the node; it says whether it did. A roster of another kind
+// (a fixed size where this node's is elastic) is not this cluster's.
+func (d *delegate) adopt(r dp.Roster) bool {
+	d.mu.Lock()
+	if r.Fixed != d.roster.Fixed || !r.Newer(d.roster) {
+		d.mu.Unlock()
+		return false
+	}
+	d.roster = r
+	close(d.changed)
+	d.changed = make(chan struct{})
+	onRoster := d.onRoster
+	d.mu.Unlock()
+	d.queue.QueueBroadcast(rosterBroadcast(encodeRoster(r)))
+	if onRoster != nil {
+		onRoster(r)
+	}
+	return true
+}
+
+// receive acts on a gossip message: a roster is adopted when newer, a
+// claim goes to the node (its coordinator decides), a refusal of this
+// node's claim ends the wait for ranks.
+func (d *delegate) receive(b []byte) {
+	var msg dpnodev1.GossipMessage
+	if err := proto.Unmarshal(b, &msg); err != nil {
+		d.cfg.Logger.Warn("ignoring an unreadable gossip message", "error", err)
+		return
+	}
+	switch body := msg.Body.(type) {
+	case *dpnodev1.GossipMessage_Roster:
+		r, err := decodeRoster(body.Roster)
+		if err != nil {
+			d.cfg.Logger.Warn("ignoring a roster", "error", err)
+			return
+		}
+		d.adopt(r)
+	case *dpnodev1.GossipMessage_Claim:
+		c := body.Claim
+		if c.Count > dp.MaxRanks {
+			return
+		}
+		d.mu.Lock()
+		onClaim := d.onClaim
+		d.mu.Unlock()
+		if onClaim != nil {
+			onClaim(dp.Claim{Node: c.Node, Start: int(c.StartRank), Count: int(c.Count), Experts: int(c.Experts)}, c.Release)
+		}
+	case *dpnodev1.GossipMessage_Refused:
+		if body.Refused.Node != d.selfAddr {
+			return
+		}
+		d.mu.Lock()
+		d.claimRefusal = fmt.Errorf("cluster: the coordinator refused this node's ranks: %s", body.Refused.Reason)
+		close(d.changed)
+		d.changed = make(chan struct{})
+		d.mu.Unlock()
+	}
 }
 
 func (d *delegate) refused() error {
@@ -187,28 +483,40 @@ func (d *delegate) NodeMeta(int) []byte {
 	return d.meta
 }
 
-// NotifyMsg implements memberlist.Delegate; dpnode sends no user messages
-// over gossip (actors carry them).
-func (d *delegate) NotifyMsg([]byte) {}
+// NotifyMsg implements memberlist.Delegate: rosters and claims for ranks
+// travel by gossip (requests and everything else, by actors).
+func (d *delegate) NotifyMsg(b []byte) { d.receive(b) }
 
 // GetBroadcasts implements memberlist.Delegate.
-func (d *delegate) GetBroadcasts(int, int) [][]byte { return nil }
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	return d.queue.GetBroadcasts(overhead, limit)
+}
 
-// LocalState implements memberlist.Delegate.
-func (d *delegate) LocalState(bool) []byte { return nil }
+// LocalState implements memberlist.Delegate: the roster, so that a node
+// that joins has it from its first exchange, and a roster whose broadcast
+// was missed arrives with the next full sync.
+func (d *delegate) LocalState(bool) []byte { return encodeRoster(d.currentRoster()) }
 
 // MergeRemoteState implements memberlist.Delegate.
-func (d *delegate) MergeRemoteState([]byte, bool) {}
+func (d *delegate) MergeRemoteState(b []byte, _ bool) {
+	if len(b) > 0 {
+		d.receive(b)
+	}
+}
 
 // decodeMeta reads a peer's metadata. Ranks beyond the deployment's size
-// are refused like unreadable metadata: the election and the cluster view
-// loop over a member's ranks, and a peer that claimed billions would hold
-// the node actor for seconds at each membership change, and make a view
-// (/health) allocate without bound.
+// (dp.MaxRanks for an elastic one, size 0) are refused like unreadable
+// metadata: the election and the cluster view loop over a member's ranks,
+// and a peer that claimed billions would hold the node actor for seconds
+// at each membership change, and make a view (/health) allocate without
+// bound.
 func decodeMeta(n *memberlist.Node, size uint32) (*dpnodev1.NodeMeta, error) {
 	var m dpnodev1.NodeMeta
 	if err := proto.Unmarshal(n.Meta, &m); err != nil {
 		return nil, fmt.Errorf("cluster: node %s sent unreadable metadata: %w", n.Name, err)
+	}
+	if size == 0 {
+		size = dp.MaxRanks
 	}
 	if end := uint64(m.StartRank) + uint64(m.LocalSize); end > uint64(size) {
 		return nil, fmt.Errorf("cluster: node %s claims ranks %d to %d, but --data-parallel-size is %d", n.Name, m.StartRank, end-1, size)
@@ -232,7 +540,10 @@ func (d *delegate) conflict(peer *memberlist.Node) (meta *dpnodev1.NodeMeta, ran
 	if err := mismatch(d.cfg.Meta, meta, peer.Name); err != nil {
 		return meta, false, err
 	}
-	err = dp.RankConflict(d.self, []dp.Member{{Name: peer.Name, Boot: meta.BootUnixNano, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)}})
+	d.mu.Lock()
+	self := d.self
+	d.mu.Unlock()
+	err = dp.RankConflict(self, []dp.Member{{Name: peer.Name, Boot: meta.BootUnixNano, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)}})
 	return meta, err != nil, err
 }
 
@@ -252,6 +563,9 @@ func mismatch(self, peer *dpnodev1.NodeMeta, name string) error {
 	differ("the model", peer.Model, self.Model)
 	differ("--engine", peer.Engine, self.Engine)
 	differ("the engine's model", peer.Profile, self.Profile)
+	if peer.DataParallelSize != self.DataParallelSize {
+		diffs = append(diffs, fmt.Sprintf("--data-parallel-size %s (this node: %s)", sizeFlag(peer.DataParallelSize), sizeFlag(self.DataParallelSize)))
+	}
 	if peer.ExpertParallel != self.ExpertParallel {
 		diffs = append(diffs, fmt.Sprintf("--enable-expert-parallel=%v (this node: %v)", peer.ExpertParallel, self.ExpertParallel))
 	}
@@ -259,6 +573,13 @@ func mismatch(self, peer *dpnodev1.NodeMeta, name string) error {
 		return nil
 	}
 	return fmt.Errorf("cluster: node %s serves with %s; every node of a cluster must serve the same", name, strings.Join(diffs, ", "))
+}
+
+func sizeFlag(size uint32) string {
+	if size == 0 {
+		return "auto"
+	}
+	return strconv.Itoa(int(size))
 }
 
 // NotifyMerge implements memberlist.MergeDelegate: when this node joins
@@ -287,8 +608,11 @@ func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
 // joined at once), this node is the one that must go.
 func (d *delegate) NotifyAlive(peer *memberlist.Node) error {
 	meta, rankTaken, err := d.conflict(peer)
-	if rankTaken && meta.BootUnixNano < d.self.Boot && d.cfg.OnConflict != nil {
-		d.cfg.OnConflict(fmt.Errorf("cluster: another node took this node's ranks first: %w", err))
+	d.mu.Lock()
+	onConflict := d.onConflict
+	d.mu.Unlock()
+	if rankTaken && meta.BootUnixNano < d.cfg.Meta.BootUnixNano && onConflict != nil {
+		onConflict(fmt.Errorf("cluster: another node took this node's ranks first: %w", err))
 	}
 	// A peer that serves something else is refused too; the node that
 	// joined last is refused at its join (NotifyMerge).
@@ -296,7 +620,7 @@ func (d *delegate) NotifyAlive(peer *memberlist.Node) error {
 }
 
 func (d *delegate) event(kind actors.MemberEventKind, n *memberlist.Node) {
-	if n.Name == d.cfg.Name || d.cfg.OnEvent == nil {
+	if n.Name == d.cfg.Name {
 		return
 	}
 	meta, err := decodeMeta(n, d.cfg.Meta.DataParallelSize)
@@ -304,7 +628,16 @@ func (d *delegate) event(kind actors.MemberEventKind, n *memberlist.Node) {
 		d.cfg.Logger.Warn("ignoring a member", "error", err)
 		return
 	}
-	d.cfg.OnEvent(&actors.MemberEvent{Kind: kind, Name: n.Name, Meta: meta})
+	ev := &actors.MemberEvent{Kind: kind, Name: n.Name, Key: n.Address(), Meta: meta}
+	// Under the lock, so that an event is never handed over before one
+	// kept earlier (Attach).
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.onEvent == nil {
+		d.pending = append(d.pending, ev)
+		return
+	}
+	d.onEvent(ev)
 }
 
 // NotifyJoin implements memberlist.EventDelegate.

@@ -132,6 +132,14 @@ type Options struct {
 	// DrainTimeout bounds how long a stopping node waits for requests in
 	// flight.
 	DrainTimeout time.Duration
+	// LeaveOnTerminate makes SIGTERM a leave (POST /admin/leave): the
+	// node drains, then gives its ranks back, and an elastic deployment
+	// shrinks. Without it SIGTERM drains and the ranks stay the node's,
+	// to take back when it restarts (a rolling update).
+	LeaveOnTerminate bool
+	// JoinTimeout bounds how long a node whose ranks are given out waits
+	// for the coordinator to give them.
+	JoinTimeout time.Duration
 
 	// Profiles holds the built-in simulated profiles.
 	Profiles fs.FS
@@ -165,6 +173,7 @@ func DefaultOptions() Options {
 		EngineMaxRestarts:     5,
 		EngineRestartWindow:   time.Minute,
 		DrainTimeout:          30 * time.Second,
+		JoinTimeout:           time.Minute,
 		MaxPendingRequests:    -1,
 		HTTPTimeouts:          httpapi.DefaultTimeouts(),
 	}
@@ -198,6 +207,9 @@ type plan struct {
 	apiKeys, adminKeys *httpapi.Keys
 	// profile is the simulated engine's; nil for llama.cpp.
 	profile *sim.Profile
+	// experts is the model's expert count under expert parallelism: an
+	// elastic deployment's size must divide it. 0 otherwise.
+	experts int
 	// model, template and kvBytes are the llama.cpp engine's.
 	model    *llamacpp.ModelInfo
 	template *httpapi.JinjaTemplate
@@ -312,11 +324,15 @@ func (o Options) check() (*plan, error) {
 		if profile.Kind != sim.KindMoE {
 			return nil, flagError("--enable-expert-parallel needs a mixture-of-experts model; the profile %s is %s (try --sim-profile qwen3-30b-a3b-h200)", profile.Name, profile.Kind)
 		}
-		// The group is every rank of the deployment.
+		// The group is every rank of the deployment. An elastic one is
+		// checked at each join, by the coordinator (dp.Claim.Experts).
 		size, _ := dp.Resolve(p.flags, max(o.GPUs, 1))
-		if err := profile.CheckExpertParallel(size.Size); err != nil {
-			return nil, fmt.Errorf("%w: --enable-expert-parallel: %w", errFlags, err)
+		if !size.Elastic {
+			if err := profile.CheckExpertParallel(size.Size); err != nil {
+				return nil, fmt.Errorf("%w: --enable-expert-parallel: %w", errFlags, err)
+			}
 		}
+		p.experts = profile.MoE.NumExperts
 	}
 	p.served = o.ServedModelName
 	if p.served == "" {

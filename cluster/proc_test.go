@@ -20,6 +20,9 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/engine/sim"
 )
 
 // dpnodeBin is the dpnode binary the multi-node tests run, built once,
@@ -221,7 +224,16 @@ type rankView struct {
 
 // clusterView is the part of /v1/cluster the tests read.
 type clusterView struct {
-	Self  string `json:"self"`
+	Self string `json:"self"`
+	Size int    `json:"data_parallel_size"`
+	// Roster is the size's cluster state: which node holds which ranks.
+	Roster struct {
+		Holds []struct {
+			Node      string `json:"node"`
+			FirstRank int    `json:"first_rank"`
+			Ranks     int    `json:"ranks"`
+		} `json:"holds"`
+	} `json:"size"`
 	Nodes []struct {
 		Name string `json:"name"`
 	} `json:"nodes"`
@@ -376,4 +388,16 @@ func burst(url string, n int, maxTokens int) (failed int, first error) {
 	}
 	wg.Wait()
 	return failed, first
+}
+
+// simText is the simulated engine's text for a prompt, greedy and to
+// maxTokens: what a request must get whatever moved it on the way.
+func simText(prompt string, maxTokens int) string {
+	tok := sim.NewTokenizer(0)
+	h := engine.PromptHash(tok.Tokens(prompt), nil)
+	ids := make([]uint32, maxTokens)
+	for j := range ids {
+		ids[j] = tok.Sample(h, j, &engine.SamplingParams{IgnoreEOS: true})
+	}
+	return tok.Decode(ids)
 }

@@ -38,12 +38,17 @@ type Running struct {
 	// metrics serves the --metrics-port, when set.
 	metrics   *http.Server
 	metricsLn net.Listener
-	// drainRequested is closed by POST /admin/drain.
+	// drainRequested is closed by POST /admin/drain, leaveRequested by
+	// POST /admin/leave.
 	drainRequested chan struct{}
 	drainOnce      sync.Once
-	served         chan error
-	logger         *slog.Logger
-	drain          time.Duration
+	leaveRequested chan struct{}
+	leaveOnce      sync.Once
+	// leaveOnTerminate makes a stop a leave (--leave-on-terminate).
+	leaveOnTerminate bool
+	served           chan error
+	logger           *slog.Logger
+	drain            time.Duration
 
 	// closeEngine stops what the engine runs beside the actors: the
 	// llama.cpp tokenizer's worker.
@@ -92,7 +97,8 @@ func Start(o Options) (*Running, error) {
 		o.Logger.Warn("actor traffic between nodes is plaintext and unauthenticated (--insecure-cluster); set --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca (dpnode certs writes them)")
 	}
 
-	r := &Running{served: make(chan error, 1), logger: o.Logger, drain: o.DrainTimeout, drainRequested: make(chan struct{})}
+	r := &Running{served: make(chan error, 1), logger: o.Logger, drain: o.DrainTimeout, drainRequested: make(chan struct{}),
+		leaveRequested: make(chan struct{}), leaveOnTerminate: o.LeaveOnTerminate}
 	httpAddr := ""
 	if topo.ServesAPI() {
 		if r.ln, err = net.Listen("tcp", o.address()); err != nil {
@@ -106,19 +112,62 @@ func Start(o Options) (*Running, error) {
 		}
 	}
 
+	hostname, _ := os.Hostname()
+	cfg := actors.DefaultNodeConfig()
+	cfg.Name = nodeName(hostname, transport)
+	cfg.Model = p.served
+	cfg.Topology = topo
+	cfg.ExpertParallel = o.ExpertParallel
+	cfg.Engine, cfg.Profile = o.Engine, p.servingProfile()
+	mcfg := MembershipConfig{
+		Name:      cfg.Name,
+		Bind:      o.Bind,
+		Advertise: o.Advertise,
+		Seeds:     o.Seeds,
+		SecretKey: p.gossipKey,
+		Profile:   o.GossipProfile,
+		Logger:    o.Logger,
+	}
+	if (topo.AutoStart || topo.Elastic) && topo.LocalSize > 0 {
+		// The coordinator gives the node its ranks: it joins gossip
+		// first, without ranks, and asks.
+		mcfg.Meta = cfg.PendingMeta()
+		if r.membership, err = StartMembership(mcfg); err != nil {
+			closeListener()
+			return nil, err
+		}
+		start := topo.StartRank
+		if topo.AutoStart {
+			start = -1
+		}
+		o.Logger.Info("joined; asking the coordinator for ranks", "ranks", topo.LocalSize, "gossip", r.membership.Address())
+		ctx, cancel := context.WithTimeout(context.Background(), o.JoinTimeout)
+		hold, err := r.membership.Claim(ctx, dp.Claim{Start: start, Count: topo.LocalSize, Experts: p.experts}, len(o.Seeds) == 0)
+		cancel()
+		if err != nil {
+			r.membership.Leave(time.Second)
+			closeListener()
+			return nil, fmt.Errorf("cluster: this node got no ranks: %w", err)
+		}
+		topo.StartRank = hold.Start
+		cfg.Topology, cfg.Key = topo, r.membership.Key()
+		o.Logger.Info("the coordinator gave this node its ranks", "ranks", hold.String())
+	}
+	leave := func() {
+		if r.membership != nil {
+			r.membership.Leave(time.Second)
+		}
+	}
+
 	eng, err := p.newEngine(o, inv, topo)
 	if err != nil {
+		leave()
 		closeListener()
 		return nil, err
 	}
 	r.closeEngine = eng.close
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	hostname, _ := os.Hostname()
-	cfg := actors.DefaultNodeConfig()
-	cfg.Name = nodeName(hostname, transport)
-	cfg.Model = p.served
-	cfg.Topology = topo
 	cfg.Devices = devices
 	cfg.Scheduler = p.scheduler
 	cfg.Registry = reg
@@ -126,12 +175,21 @@ func Start(o Options) (*Running, error) {
 	cfg.Remote = transport
 	cfg.HTTPAddress = httpAddr
 	cfg.AwaitMembership = true
-	cfg.ExpertParallel = o.ExpertParallel
-	cfg.Engine, cfg.Profile = o.Engine, p.servingProfile()
 	cfg.Migration, cfg.MaxMigrations = o.Migration, o.MaxMigrations
+	if topo.Elastic {
+		cfg.Experts = p.experts
+	}
+	if r.membership != nil {
+		cfg.Roster = r.membership.Roster()
+	}
+	// The membership starts after the node when the node's ranks are its
+	// own; the coordinator only publishes once gossip is attached.
+	cfg.PublishRoster = func(ro dp.Roster) { r.membership.Publish(ro) }
+	cfg.RefuseClaim = func(node string, err error) { r.membership.Refuse(node, err) }
 	// Each API server counts its own picks: vLLM's policy bumps a rank by
 	// the number of API servers, which a node does not know in advance.
 	if cfg.Policy, err = dp.NewPolicy(o.BalancePolicy, dp.PolicyConfig{APIServers: 1, StepTokens: p.scheduler.MaxNumBatchedTokens, Seed: mrand.Uint64()}); err != nil {
+		leave()
 		closeListener()
 		eng.close()
 		return nil, err
@@ -146,38 +204,39 @@ func Start(o Options) (*Running, error) {
 		r.node, err = actors.StartNode(cfg)
 		// A port found free can be taken before the transport listens on
 		// it, by another process or as an outgoing connection's ephemeral
-		// port: when dpnode chose it, it chooses again.
+		// port: when dpnode chose it, it chooses again. The name stays
+		// when gossip already knows it.
 		if err == nil || o.RPCPort != 0 || attempt == 5 || !errors.Is(err, syscall.EADDRINUSE) {
 			break
 		}
 		if transport, err = transportConfig(bindHost, advHost, o.RPCPort, o.TLS); err != nil {
 			break
 		}
-		cfg.Remote, cfg.Name = transport, nodeName(hostname, transport)
+		cfg.Remote = transport
+		if r.membership == nil {
+			cfg.Name = nodeName(hostname, transport)
+		}
 	}
 	if err != nil {
+		leave()
 		closeListener()
 		eng.close()
 		return nil, err
 	}
-	r.membership, err = StartMembership(MembershipConfig{
-		Name:       cfg.Name,
-		Bind:       o.Bind,
-		Advertise:  o.Advertise,
-		Seeds:      o.Seeds,
-		SecretKey:  p.gossipKey,
-		Profile:    o.GossipProfile,
-		Meta:       r.node.Meta(),
-		OnEvent:    r.node.MemberEvent,
-		OnConflict: r.node.Fail,
-		Logger:     o.Logger,
-	})
+	if r.membership == nil {
+		mcfg.Name, mcfg.Meta = cfg.Name, r.node.Meta()
+		r.membership, err = StartMembership(mcfg)
+	} else {
+		err = r.membership.SetMeta(r.node.Meta())
+	}
 	if err != nil {
+		leave()
 		r.node.Stop()
 		closeListener()
 		eng.close()
 		return nil, err
 	}
+	r.membership.Attach(r.node)
 	r.node.MembershipReady()
 
 	if topo.ServesAPI() {
@@ -192,6 +251,7 @@ func Start(o Options) (*Running, error) {
 			Gatherer:     reg,
 			Registerer:   reg,
 			OnDrain:      r.RequestDrain,
+			OnLeave:      r.RequestLeave,
 			Version:      o.Version,
 			Logger:       o.Logger,
 		})
@@ -210,7 +270,8 @@ func Start(o Options) (*Running, error) {
 	if o.MetricsPort >= 0 {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.MetricsPort))
 		m, err := httpapi.New(httpapi.Config{Backend: r.node, Tokenizer: eng.tokenizer, MaxModelLen: p.scheduler.MaxModelLen,
-			APIKeys: p.apiKeys, Gatherer: reg, OnDrain: r.RequestDrain, MetricsOnly: true, Version: o.Version, Logger: o.Logger})
+			APIKeys: p.apiKeys, AdminKeys: p.adminKeys, Gatherer: reg, OnDrain: r.RequestDrain, OnLeave: r.RequestLeave,
+			MetricsOnly: true, Version: o.Version, Logger: o.Logger})
 		if err == nil {
 			r.metricsLn, err = net.Listen("tcp", addr)
 		}
@@ -228,7 +289,7 @@ func Start(o Options) (*Running, error) {
 	}
 	o.Logger.Info("dpnode serving", append([]any{
 		"url", url, "metrics_url", metricsURL, "node", cfg.Name, "mode", topo.Mode.String(), "model", p.served, "engine", o.Engine},
-		append(eng.describe, "balance_policy", o.BalancePolicy, "ranks", rankRange(topo.StartRank, topo.LocalSize, topo.Size),
+		append(eng.describe, "balance_policy", o.BalancePolicy, "ranks", rankRange(topo),
 			"gpus", inv.Source, "gossip", r.membership.Address(), "actors", r.node.Meta().ActorAddress,
 			"seeds", len(o.Seeds), "max_model_len", p.scheduler.MaxModelLen)...)...)
 	return r, nil
@@ -240,11 +301,15 @@ func nodeName(hostname string, transport *remote.Config) string {
 	return fmt.Sprintf("%s/%s/%s", hostname, transport.AdvertisedHost, rand.Text()[:6])
 }
 
-func rankRange(start, local, size int) string {
-	if local == 0 {
-		return fmt.Sprintf("none of %d", size)
+func rankRange(t dp.Topology) string {
+	size := strconv.Itoa(t.Size)
+	if t.Elastic {
+		size = "auto"
 	}
-	return fmt.Sprintf("%d-%d of %d", start, start+local-1, size)
+	if t.LocalSize == 0 {
+		return "none of " + size
+	}
+	return fmt.Sprintf("%d-%d of %s", t.StartRank, t.StartRank+t.LocalSize-1, size)
 }
 
 // Addr is the HTTP listener's address; empty on a headless node.
@@ -261,19 +326,36 @@ func (r *Running) Node() *actors.Node { return r.node }
 // RequestDrain asks Run to drain the node and return (POST /admin/drain).
 func (r *Running) RequestDrain() { r.drainOnce.Do(func() { close(r.drainRequested) }) }
 
+// RequestLeave asks Run to take the node out of the deployment and return
+// (POST /admin/leave).
+func (r *Running) RequestLeave() { r.leaveOnce.Do(func() { close(r.leaveRequested) }) }
+
 // Shutdown drains, then stops. Draining, the node refuses new requests
 // (503, and /health says draining) and gossips that it drains, so that
 // other nodes' API servers send it nothing new; it waits, up to the drain
 // timeout, until neither its API server nor its engines hold a request,
 // and past the timeout ends those left with a clear error. Then it stops
 // serving HTTP, leaves the cluster (the others drop its ranks at once),
-// and stops the actors. Calls after the first return its result.
+// and stops the actors. Its ranks stay its own, for it to take back when
+// it restarts. Calls after the first (or Leave) return its result.
 func (r *Running) Shutdown() error {
-	r.shutdownOnce.Do(func() { r.shutdownErr = r.shutdown() })
+	r.shutdownOnce.Do(func() { r.shutdownErr = r.shutdown(r.leaveOnTerminate) })
 	return r.shutdownErr
 }
 
-func (r *Running) shutdown() error {
+// Leave is Shutdown that also gives the node's ranks back once it has
+// drained: an elastic deployment shrinks by them, and a fixed one has
+// them free for another node.
+func (r *Running) Leave() error {
+	r.shutdownOnce.Do(func() { r.shutdownErr = r.shutdown(true) })
+	return r.shutdownErr
+}
+
+// releaseTimeout bounds a leaving node's wait for the coordinator to take
+// its ranks back; past it the node goes anyway, and its ranks stay down.
+const releaseTimeout = 10 * time.Second
+
+func (r *Running) shutdown(leave bool) error {
 	deadline := time.Now().Add(r.drain)
 	r.logger.Info("draining: no new requests; waiting for those in flight", "timeout", r.drain)
 	if r.api != nil {
@@ -297,6 +379,15 @@ func (r *Running) shutdown() error {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if leave {
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		if err := r.membership.Release(ctx); err != nil {
+			r.logger.Warn("could not give this node's ranks back; they stay down until a node takes them", "error", err)
+		} else {
+			r.logger.Info("gave this node's ranks back", "size", r.membership.Roster().Size())
+		}
+		cancel()
 	}
 	var err error
 	if r.server != nil {
@@ -330,6 +421,9 @@ func Run(ctx context.Context, o Options) error {
 	case <-ctx.Done():
 	case <-r.drainRequested:
 		r.logger.Info("drain requested over HTTP")
+	case <-r.leaveRequested:
+		r.logger.Info("leave requested over HTTP")
+		return r.Leave()
 	case err := <-r.served:
 		r.membership.Leave(2 * time.Second)
 		r.node.Stop()

@@ -3,7 +3,6 @@ package dp
 import (
 	"cmp"
 	"fmt"
-	"slices"
 )
 
 // Member is what the coordinator election knows of a live node.
@@ -14,6 +13,12 @@ type Member struct {
 	Boot      int64
 	StartRank int
 	LocalSize int
+	// Key is the node's identity in the roster (its gossip address).
+	Key string
+	// Pending: the node is in gossip but has not started its actors (it
+	// waits for its ranks, or loads its model). Its committed ranks count
+	// as live; it cannot lead.
+	Pending bool
 }
 
 // older orders members oldest first, names breaking ties.
@@ -35,26 +40,50 @@ type Election struct {
 	Quorum bool
 	// RanksSeen counts the distinct ranks the live members host.
 	RanksSeen int
+	// Decides is true when the leader may change the roster: it sees a
+	// majority of the ranks the roster gives out (in an elastic
+	// deployment, the Quorum). A fixed deployment whose ranks are given
+	// out grows from its first node, which holds all there is of the
+	// roster long before it holds a majority of the fixed size.
+	Decides bool
 }
 
-// Elect picks the coordinator among the members one node sees alive.
-func Elect(members []Member, dpSize int) Election {
+// Elect picks the coordinator among the members one node sees alive; the
+// roster says which ranks the deployment has.
+func Elect(members []Member, roster Roster) Election {
 	var e Election
 	if len(members) == 0 {
 		return e
 	}
-	e.Leader = slices.MinFunc(members, older)
-	e.Epoch = uint64(e.Leader.Boot)
 	seen := make(map[int]bool)
+	held := make(map[int]bool)
 	for _, m := range members {
 		for r := m.StartRank; r < m.StartRank+m.LocalSize; r++ {
-			if r >= 0 && r < dpSize {
+			if roster.Has(r) {
 				seen[r] = true
 			}
 		}
+		// A node that is given its ranks may be seen before it gossips
+		// them: they are live from its join on.
+		if h, ok := roster.Holding(m.Key); ok && m.Key != "" && !h.Joining {
+			for r := h.Start; r < h.End(); r++ {
+				seen[r], held[r] = true, true
+			}
+		}
+		if !m.Pending && (e.Leader.Name == "" || older(m, e.Leader) < 0) {
+			e.Leader = m
+		}
 	}
+	e.Epoch = uint64(e.Leader.Boot)
 	e.RanksSeen = len(seen)
-	e.Quorum = 2*e.RanksSeen > dpSize
+	e.Quorum = 2*e.RanksSeen > roster.Size()
+	given := 0
+	for _, h := range roster.Holds {
+		if !h.Joining {
+			given += h.Count
+		}
+	}
+	e.Decides = e.Leader.Name != "" && (e.Quorum || 2*len(held) > given)
 	return e
 }
 

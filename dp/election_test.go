@@ -29,7 +29,7 @@ func TestElectOldestWithQuorum(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			e := Elect(tc.members, tc.size)
+			e := Elect(tc.members, Roster{Fixed: tc.size})
 			if e.Leader.Name != tc.leader || e.Quorum != tc.quorum || e.Epoch != uint64(e.Leader.Boot) {
 				t.Fatalf("Elect = %+v; want leader %s, quorum %v", e, tc.leader, tc.quorum)
 			}
@@ -48,7 +48,7 @@ func TestEpochsOnlyGrowAsLeadersDie(t *testing.T) {
 		}
 		last := uint64(0)
 		for len(ms) > 0 {
-			e := Elect(ms, n)
+			e := Elect(ms, Roster{Fixed: n})
 			if e.Epoch < last {
 				t.Fatalf("epoch went from %d down to %d", last, e.Epoch)
 			}

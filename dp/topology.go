@@ -54,7 +54,17 @@ type Topology struct {
 	StartRank int
 	// Headless nodes host ranks and serve no API (internal mode only).
 	Headless bool
+	// Elastic: the deployment's size follows the cluster's roster
+	// (--data-parallel-size auto); Size is then MaxRanks, the bound of
+	// rank numbers.
+	Elastic bool
+	// AutoStart: the coordinator gives the node its ranks when it joins
+	// (--data-parallel-start-rank auto); StartRank is 0 until then.
+	AutoStart bool
 }
+
+// Auto is the value of a rank or size flag given as "auto".
+const Auto = -2
 
 // Validate rejects a topology that names impossible ranks or a mode it
 // cannot work in, with a message that names the flags to change.
@@ -103,7 +113,8 @@ func (t Topology) ServesAPI() bool { return !t.Headless }
 func (t Topology) BalancesRemote() bool { return t.Mode == Internal && !t.Headless }
 
 // Flags are the command-line flags that decide a node's topology. Each
-// int is -1 when not given, so that a rule can tell "0" from "unset".
+// int is -1 when not given, so that a rule can tell "0" from "unset", and
+// Auto when given as "auto".
 type Flags struct {
 	Size, LocalSize, StartRank int
 	// Rank is --data-parallel-rank (external mode's one rank).
@@ -138,7 +149,7 @@ func Resolve(f Flags, localGPUs int) (Topology, error) {
 		}
 		mode = m
 	}
-	external := f.ExternalLB || f.Rank >= 0
+	external := f.ExternalLB || f.Rank >= 0 || f.Rank == Auto
 	switch {
 	case f.HybridLB && f.LB != "" && mode != Hybrid:
 		return Topology{}, fmt.Errorf("dp: --data-parallel-hybrid-lb contradicts --data-parallel-lb %s", f.LB)
@@ -158,6 +169,34 @@ func Resolve(f Flags, localGPUs int) (Topology, error) {
 	}
 	if f.Headless {
 		mode = Internal
+	}
+	switch {
+	case f.LocalSize == Auto:
+		return Topology{}, fmt.Errorf("dp: --data-parallel-size-local takes a number, not auto (leave it out for one rank per GPU)")
+	case f.Rank >= 0 && f.StartRank == Auto:
+		return Topology{}, fmt.Errorf("dp: --data-parallel-start-rank auto contradicts --data-parallel-rank %d", f.Rank)
+	case mode == External && f.LocalSize > 1:
+		return Topology{}, fmt.Errorf("dp: --data-parallel-rank runs one rank per API server: --data-parallel-size-local must be 1 or unset, got %d", f.LocalSize)
+	case f.Rank == Auto || f.StartRank == Auto || f.Size == Auto:
+		if f.Size == Auto && f.StartRank >= 0 && f.LocalSize < 0 && mode != External {
+			return Topology{}, fmt.Errorf("dp: with --data-parallel-size auto, --data-parallel-start-rank needs --data-parallel-size-local")
+		}
+		local := f.LocalSize
+		if local < 0 {
+			local = localGPUs
+		}
+		t := Topology{Mode: mode, Headless: f.Headless, Size: f.Size, LocalSize: local, StartRank: max(f.StartRank, 0),
+			Elastic: f.Size == Auto, AutoStart: f.StartRank < 0}
+		if mode == External {
+			// One rank per API server: a number, or one given out.
+			t.StartRank, t.LocalSize, t.AutoStart = max(f.Rank, 0), 1, f.Rank == Auto
+		}
+		if t.Elastic {
+			t.Size = MaxRanks
+		} else if t.Size < 0 {
+			return Topology{}, fmt.Errorf("dp: ranks given out (auto) need the deployment's size: --data-parallel-size N, or auto to follow the cluster")
+		}
+		return t, t.Validate()
 	}
 	t := Topology{Mode: mode, Headless: f.Headless, Size: f.Size, LocalSize: f.LocalSize, StartRank: max(f.StartRank, 0)}
 	if mode == External {

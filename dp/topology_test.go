@@ -64,6 +64,15 @@ func TestResolveModesAndFlagRules(t *testing.T) {
 		{"headless", flags(func(f *Flags) { f.Headless, f.Size, f.LocalSize, f.StartRank = true, 4, 2, 2 }), 2, Topology{Mode: Internal, Headless: true, Size: 4, LocalSize: 2, StartRank: 2}},
 		{"external by rank", flags(func(f *Flags) { f.Size, f.Rank = 2, 1 }), 2, Topology{Mode: External, Size: 2, LocalSize: 1, StartRank: 1}},
 		{"external spelt out", flags(func(f *Flags) { f.LB, f.Size, f.Rank, f.LocalSize = "external", 2, 0, 1 }), 2, Topology{Mode: External, Size: 2, LocalSize: 1}},
+		{"elastic: ranks given out, one per GPU", flags(func(f *Flags) { f.Size = Auto }), 2, Topology{Size: MaxRanks, LocalSize: 2, Elastic: true, AutoStart: true}},
+		{"elastic headless", flags(func(f *Flags) { f.Size, f.StartRank, f.LocalSize, f.Headless = Auto, Auto, 1, true }), 2,
+			Topology{Mode: Internal, Headless: true, Size: MaxRanks, LocalSize: 1, Elastic: true, AutoStart: true}},
+		{"elastic with fixed ranks", flags(func(f *Flags) { f.Size, f.StartRank, f.LocalSize = Auto, 4, 2 }), 2, Topology{Size: MaxRanks, LocalSize: 2, StartRank: 4, Elastic: true}},
+		{"elastic internal API server", flags(func(f *Flags) { f.Size, f.LB, f.LocalSize = Auto, "internal", 0 }), 2, Topology{Mode: Internal, Size: MaxRanks, Elastic: true, AutoStart: true}},
+		{"fixed size, ranks given out", flags(func(f *Flags) { f.Size, f.StartRank = 8, Auto }), 2, Topology{Size: 8, LocalSize: 2, AutoStart: true}},
+		{"external, rank given out", flags(func(f *Flags) { f.Size, f.Rank = Auto, Auto }), 2, Topology{Mode: External, Size: MaxRanks, LocalSize: 1, Elastic: true, AutoStart: true}},
+		{"external of a fixed size, rank given out", flags(func(f *Flags) { f.Size, f.Rank = 4, Auto }), 2, Topology{Mode: External, Size: 4, LocalSize: 1, AutoStart: true}},
+		{"elastic external with a fixed rank", flags(func(f *Flags) { f.Size, f.Rank = Auto, 3 }), 2, Topology{Mode: External, Size: MaxRanks, LocalSize: 1, StartRank: 3, Elastic: true}},
 	}
 	for _, tc := range ok {
 		t.Run(tc.name, func(t *testing.T) {
@@ -90,6 +99,12 @@ func TestResolveModesAndFlagRules(t *testing.T) {
 		{"rankless hybrid", flags(func(f *Flags) { f.Size, f.LocalSize = 2, 0 }), "only an API server in internal mode"},
 		{"unknown mode", flags(func(f *Flags) { f.LB = "random" }), "must be one of hybrid, internal, external"},
 		{"lb contradicts rank", flags(func(f *Flags) { f.LB, f.Rank = "internal", 1 }), "contradicts --data-parallel-lb internal"},
+		{"auto start without a size", flags(func(f *Flags) { f.StartRank = Auto }), "need the deployment's size"},
+		{"auto rank without a size", flags(func(f *Flags) { f.Rank = Auto }), "need the deployment's size"},
+		{"auto start and a rank", flags(func(f *Flags) { f.Size, f.Rank, f.StartRank = Auto, 1, Auto }), "contradicts --data-parallel-rank 1"},
+		{"auto local size", flags(func(f *Flags) { f.LocalSize = Auto }), "takes a number, not auto"},
+		{"elastic fixed start without local size", flags(func(f *Flags) { f.Size, f.StartRank = Auto, 2 }), "needs --data-parallel-size-local"},
+		{"elastic headless with no ranks", flags(func(f *Flags) { f.Size, f.Headless, f.LocalSize = Auto, true, 0 }), "must be at least 1"},
 	}
 	for _, tc := range bad {
 		t.Run(tc.name, func(t *testing.T) {

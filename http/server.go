@@ -68,6 +68,9 @@ type Config struct {
 	Gatherer prometheus.Gatherer
 	// OnDrain is called by POST /admin/drain: the node drains and exits.
 	OnDrain func()
+	// OnLeave is called by POST /admin/leave: the node drains, gives its
+	// ranks back (an elastic deployment shrinks), and exits.
+	OnLeave func()
 	// MetricsOnly serves only /metrics, /health and /v1/cluster (and the
 	// debug routes of a chaos build): a headless node's metrics port.
 	MetricsOnly bool
@@ -143,6 +146,10 @@ func New(cfg Config) (*Server, error) {
 		r.Get("/trace", pprof.Trace)
 		r.Get("/*", pprof.Index)
 	})
+	// A headless node's operator drains it, or takes it out, on its
+	// metrics port.
+	r.With(s.adminOnly).Post("/admin/drain", s.drain)
+	r.With(s.adminOnly).Post("/admin/leave", s.leave)
 	if cfg.MetricsOnly {
 		r.With(s.authenticate).Get("/v1/cluster", s.cluster)
 		s.router = r
@@ -155,7 +162,6 @@ func New(cfg Config) (*Server, error) {
 		r.With(s.refuseWhileDraining, s.shedLoad).Post("/v1/completions", s.completions)
 		r.With(s.refuseWhileDraining, s.shedLoad).Post("/v1/chat/completions", s.chatCompletions)
 	})
-	r.With(s.adminOnly).Post("/admin/drain", s.drain)
 	s.router = r
 	return s, nil
 }
@@ -238,6 +244,16 @@ func (s *Server) drain(w http.ResponseWriter, _ *http.Request) {
 	}
 	s.cfg.OnDrain()
 	writeJSON(w, http.StatusAccepted, map[string]string{"status": "draining"})
+}
+
+// leave starts the node's leave and answers at once: 202.
+func (s *Server) leave(w http.ResponseWriter, _ *http.Request) {
+	if s.cfg.OnLeave == nil {
+		writeError(w, &apiError{Status: http.StatusNotImplemented, Type: "server_error", Message: "this server cannot leave"})
+		return
+	}
+	s.cfg.OnLeave()
+	writeJSON(w, http.StatusAccepted, map[string]string{"status": "leaving"})
 }
 
 // decode reads a JSON body of at most MaxBodyBytes into v.

@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -197,10 +198,10 @@ calibrated simulated executor.`,
 	f.StringVar(&o.Host, "host", o.Host, "address the HTTP server listens on")
 	f.IntVar(&o.Port, "port", o.Port, "HTTP port")
 	f.IntVar(&o.MetricsPort, "metrics-port", o.MetricsPort, "also serve /metrics, /health and /v1/cluster on this port (a headless node has no other; -1: off)")
-	f.IntVar(&o.DataParallelSize, "data-parallel-size", o.DataParallelSize, "ranks in the whole deployment (default: the local ranks)")
+	f.Var((*autoInt)(&o.DataParallelSize), "data-parallel-size", "ranks in the whole deployment, or auto: the size follows the nodes that join and leave (default: the local ranks)")
 	f.IntVar(&o.DataParallelSizeLocal, "data-parallel-size-local", o.DataParallelSizeLocal, "ranks on this node, one GPU each (default: one per GPU found)")
-	f.IntVar(&o.DataParallelStartRank, "data-parallel-start-rank", o.DataParallelStartRank, "first rank on this node (default 0)")
-	f.IntVar(&o.DataParallelRank, "data-parallel-rank", o.DataParallelRank, "serve only this rank behind an outside load balancer (external mode)")
+	f.Var((*autoInt)(&o.DataParallelStartRank), "data-parallel-start-rank", "first rank on this node, or auto: the lowest free ranks, given out by the coordinator when the node joins (default 0; auto with --data-parallel-size auto)")
+	f.Var((*autoInt)(&o.DataParallelRank), "data-parallel-rank", "serve only this rank behind an outside load balancer (external mode), or auto: the lowest free rank, given out by the coordinator")
 	f.StringVar(&o.LB, "data-parallel-lb", "", "who balances: hybrid (each node over its own ranks; the default), internal, or external")
 	f.BoolVar(&o.HybridLB, "data-parallel-hybrid-lb", false, "same as --data-parallel-lb hybrid")
 	f.BoolVar(&o.ExternalLB, "data-parallel-external-lb", false, "same as --data-parallel-lb external")
@@ -237,6 +238,8 @@ calibrated simulated executor.`,
 	f.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length, prompt plus output (default: the profile's)")
 	f.BoolVar(&o.NoPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off")
 	f.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "on SIGTERM, how long to let requests in flight finish")
+	f.BoolVar(&o.LeaveOnTerminate, "leave-on-terminate", false, "on SIGTERM, leave the deployment: drain, then give the ranks back (an elastic deployment shrinks); without it the ranks wait for the node to come back")
+	f.DurationVar(&o.JoinTimeout, "join-timeout", o.JoinTimeout, "with --data-parallel-start-rank auto, how long to wait for the coordinator to give the node its ranks")
 	f.StringVar(&o.BalancePolicy, "balance-policy", o.BalancePolicy, "how a rank is picked per request: "+strings.Join(dp.PolicyNames, ", ")+" (live: exact in-flight load with prefix-cache affinity; vllm: 4*waiting+running on 100 ms snapshots)")
 	f.BoolVar(&o.Migration, "request-migration", o.Migration, "move a request mid-stream off a lost engine, to continue token-exactly on another rank")
 	f.IntVar(&o.MaxMigrations, "max-migrations", o.MaxMigrations, "how many lost engines one request may ride through")
@@ -245,3 +248,34 @@ calibrated simulated executor.`,
 	f.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return cmd
 }
+
+// autoInt is a flag that takes a number, or "auto" (dp.Auto); unset, it
+// keeps its default (-1).
+type autoInt int
+
+func (a *autoInt) String() string {
+	switch {
+	case a == nil:
+		return ""
+	case int(*a) == dp.Auto:
+		return "auto"
+	case *a < 0:
+		return ""
+	}
+	return strconv.Itoa(int(*a))
+}
+
+func (a *autoInt) Set(s string) error {
+	if strings.EqualFold(s, "auto") {
+		*a = dp.Auto
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return fmt.Errorf("want a number at least 0, or auto; got %q", s)
+	}
+	*a = autoInt(n)
+	return nil
+}
+
+func (a *autoInt) Type() string { return "int|auto" }

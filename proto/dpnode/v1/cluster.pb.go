@@ -32,9 +32,11 @@ type NodeMeta struct {
 	// Address (host:port) of the node's actor system.
 	ActorAddress string `protobuf:"bytes,1,opt,name=actor_address,json=actorAddress,proto3" json:"actor_address,omitempty"`
 	// Address (host:port) of the node's HTTP API; empty when headless.
-	HttpAddress      string `protobuf:"bytes,2,opt,name=http_address,json=httpAddress,proto3" json:"http_address,omitempty"`
-	StartRank        uint32 `protobuf:"varint,3,opt,name=start_rank,json=startRank,proto3" json:"start_rank,omitempty"`
-	LocalSize        uint32 `protobuf:"varint,4,opt,name=local_size,json=localSize,proto3" json:"local_size,omitempty"`
+	HttpAddress string `protobuf:"bytes,2,opt,name=http_address,json=httpAddress,proto3" json:"http_address,omitempty"`
+	StartRank   uint32 `protobuf:"varint,3,opt,name=start_rank,json=startRank,proto3" json:"start_rank,omitempty"`
+	LocalSize   uint32 `protobuf:"varint,4,opt,name=local_size,json=localSize,proto3" json:"local_size,omitempty"`
+	// The fixed --data-parallel-size; 0 when the size follows the cluster
+	// (--data-parallel-size auto), and the roster says it.
 	DataParallelSize uint32 `protobuf:"varint,5,opt,name=data_parallel_size,json=dataParallelSize,proto3" json:"data_parallel_size,omitempty"`
 	// Start time of this incarnation, in Unix nanoseconds.
 	BootUnixNano int64 `protobuf:"varint,6,opt,name=boot_unix_nano,json=bootUnixNano,proto3" json:"boot_unix_nano,omitempty"`
@@ -180,6 +182,375 @@ func (x *NodeMeta) GetProfile() string {
 	return ""
 }
 
+// Roster is which node holds which ranks, as the coordinator decided it:
+// cluster state with a version, spread by gossip (dp.Roster).
+type Roster struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Version uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// The epoch of the coordinator that decided this version.
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The fixed --data-parallel-size; 0 when the size is the roster's.
+	FixedSize     uint32      `protobuf:"varint,3,opt,name=fixed_size,json=fixedSize,proto3" json:"fixed_size,omitempty"`
+	Holds         []*RankHold `protobuf:"bytes,4,rep,name=holds,proto3" json:"holds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Roster) Reset() {
+	*x = Roster{}
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Roster) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Roster) ProtoMessage() {}
+
+func (x *Roster) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Roster.ProtoReflect.Descriptor instead.
+func (*Roster) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Roster) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Roster) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Roster) GetFixedSize() uint32 {
+	if x != nil {
+		return x.FixedSize
+	}
+	return 0
+}
+
+func (x *Roster) GetHolds() []*RankHold {
+	if x != nil {
+		return x.Holds
+	}
+	return nil
+}
+
+// RankHold is the ranks one node holds.
+type RankHold struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's gossip address: the same across its restarts.
+	Node          string `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	StartRank     uint32 `protobuf:"varint,2,opt,name=start_rank,json=startRank,proto3" json:"start_rank,omitempty"`
+	Count         uint32 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankHold) Reset() {
+	*x = RankHold{}
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankHold) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankHold) ProtoMessage() {}
+
+func (x *RankHold) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankHold.ProtoReflect.Descriptor instead.
+func (*RankHold) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RankHold) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RankHold) GetStartRank() uint32 {
+	if x != nil {
+		return x.StartRank
+	}
+	return 0
+}
+
+func (x *RankHold) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// RankClaim asks the coordinator for ranks, or (release) gives a leaving
+// node's ranks back. A node sends it to every member until the roster
+// answers it; only the coordinator's node acts on it.
+type RankClaim struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// The first rank asked for; -1 for the lowest free ones.
+	StartRank int32  `protobuf:"varint,2,opt,name=start_rank,json=startRank,proto3" json:"start_rank,omitempty"`
+	Count     uint32 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	Release   bool   `protobuf:"varint,4,opt,name=release,proto3" json:"release,omitempty"`
+	// The model's expert count when the ranks step in expert-parallel
+	// waves: the deployment's size must divide it.
+	Experts       uint32 `protobuf:"varint,5,opt,name=experts,proto3" json:"experts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankClaim) Reset() {
+	*x = RankClaim{}
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankClaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankClaim) ProtoMessage() {}
+
+func (x *RankClaim) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankClaim.ProtoReflect.Descriptor instead.
+func (*RankClaim) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RankClaim) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RankClaim) GetStartRank() int32 {
+	if x != nil {
+		return x.StartRank
+	}
+	return 0
+}
+
+func (x *RankClaim) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *RankClaim) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
+}
+
+func (x *RankClaim) GetExperts() uint32 {
+	if x != nil {
+		return x.Experts
+	}
+	return 0
+}
+
+// GossipMessage is what nodes send each other over gossip, beside their
+// metadata.
+type GossipMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Body:
+	//
+	//	*GossipMessage_Roster
+	//	*GossipMessage_Claim
+	//	*GossipMessage_Refused
+	Body          isGossipMessage_Body `protobuf_oneof:"body"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GossipMessage) Reset() {
+	*x = GossipMessage{}
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GossipMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GossipMessage) ProtoMessage() {}
+
+func (x *GossipMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GossipMessage.ProtoReflect.Descriptor instead.
+func (*GossipMessage) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GossipMessage) GetBody() isGossipMessage_Body {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *GossipMessage) GetRoster() *Roster {
+	if x != nil {
+		if x, ok := x.Body.(*GossipMessage_Roster); ok {
+			return x.Roster
+		}
+	}
+	return nil
+}
+
+func (x *GossipMessage) GetClaim() *RankClaim {
+	if x != nil {
+		if x, ok := x.Body.(*GossipMessage_Claim); ok {
+			return x.Claim
+		}
+	}
+	return nil
+}
+
+func (x *GossipMessage) GetRefused() *ClaimRefused {
+	if x != nil {
+		if x, ok := x.Body.(*GossipMessage_Refused); ok {
+			return x.Refused
+		}
+	}
+	return nil
+}
+
+type isGossipMessage_Body interface {
+	isGossipMessage_Body()
+}
+
+type GossipMessage_Roster struct {
+	Roster *Roster `protobuf:"bytes,1,opt,name=roster,proto3,oneof"`
+}
+
+type GossipMessage_Claim struct {
+	Claim *RankClaim `protobuf:"bytes,2,opt,name=claim,proto3,oneof"`
+}
+
+type GossipMessage_Refused struct {
+	Refused *ClaimRefused `protobuf:"bytes,3,opt,name=refused,proto3,oneof"`
+}
+
+func (*GossipMessage_Roster) isGossipMessage_Body() {}
+
+func (*GossipMessage_Claim) isGossipMessage_Body() {}
+
+func (*GossipMessage_Refused) isGossipMessage_Body() {}
+
+// ClaimRefused tells a node why the coordinator gives it no ranks.
+type ClaimRefused struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Node          string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClaimRefused) Reset() {
+	*x = ClaimRefused{}
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClaimRefused) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClaimRefused) ProtoMessage() {}
+
+func (x *ClaimRefused) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClaimRefused.ProtoReflect.Descriptor instead.
+func (*ClaimRefused) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ClaimRefused) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *ClaimRefused) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // SubscribeRanks asks a node's supervisor for the status of its ranks:
 // it answers with RankStatuses and then sends a RankStatus on every change.
 type SubscribeRanks struct {
@@ -190,7 +561,7 @@ type SubscribeRanks struct {
 
 func (x *SubscribeRanks) Reset() {
 	*x = SubscribeRanks{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[1]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -202,7 +573,7 @@ func (x *SubscribeRanks) String() string {
 func (*SubscribeRanks) ProtoMessage() {}
 
 func (x *SubscribeRanks) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[1]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -215,7 +586,7 @@ func (x *SubscribeRanks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRanks.ProtoReflect.Descriptor instead.
 func (*SubscribeRanks) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{1}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{6}
 }
 
 // RankStatus is one rank's state on its node.
@@ -232,7 +603,7 @@ type RankStatus struct {
 
 func (x *RankStatus) Reset() {
 	*x = RankStatus{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[2]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +615,7 @@ func (x *RankStatus) String() string {
 func (*RankStatus) ProtoMessage() {}
 
 func (x *RankStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[2]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,7 +628,7 @@ func (x *RankStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
 func (*RankStatus) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{2}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RankStatus) GetRank() uint32 {
@@ -291,7 +662,7 @@ type RankStatuses struct {
 
 func (x *RankStatuses) Reset() {
 	*x = RankStatuses{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[3]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -303,7 +674,7 @@ func (x *RankStatuses) String() string {
 func (*RankStatuses) ProtoMessage() {}
 
 func (x *RankStatuses) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[3]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -316,7 +687,7 @@ func (x *RankStatuses) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatuses.ProtoReflect.Descriptor instead.
 func (*RankStatuses) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{3}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RankStatuses) GetRanks() []*RankStatus {
@@ -339,7 +710,7 @@ type CoordinatorChanged struct {
 
 func (x *CoordinatorChanged) Reset() {
 	*x = CoordinatorChanged{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[4]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -351,7 +722,7 @@ func (x *CoordinatorChanged) String() string {
 func (*CoordinatorChanged) ProtoMessage() {}
 
 func (x *CoordinatorChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[4]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -364,7 +735,7 @@ func (x *CoordinatorChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoordinatorChanged.ProtoReflect.Descriptor instead.
 func (*CoordinatorChanged) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{4}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CoordinatorChanged) GetActorAddress() string {
@@ -402,7 +773,33 @@ const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	" \x01(\bR\x0eexpertParallel\x12\x1a\n" +
 	"\bdraining\x18\v \x01(\bR\bdraining\x12\x16\n" +
 	"\x06engine\x18\f \x01(\tR\x06engine\x12\x18\n" +
-	"\aprofile\x18\r \x01(\tR\aprofile\"\x10\n" +
+	"\aprofile\x18\r \x01(\tR\aprofile\"\x82\x01\n" +
+	"\x06Roster\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1d\n" +
+	"\n" +
+	"fixed_size\x18\x03 \x01(\rR\tfixedSize\x12)\n" +
+	"\x05holds\x18\x04 \x03(\v2\x13.dpnode.v1.RankHoldR\x05holds\"S\n" +
+	"\bRankHold\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"start_rank\x18\x02 \x01(\rR\tstartRank\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\rR\x05count\"\x88\x01\n" +
+	"\tRankClaim\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"start_rank\x18\x02 \x01(\x05R\tstartRank\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\rR\x05count\x12\x18\n" +
+	"\arelease\x18\x04 \x01(\bR\arelease\x12\x18\n" +
+	"\aexperts\x18\x05 \x01(\rR\aexperts\"\xa7\x01\n" +
+	"\rGossipMessage\x12+\n" +
+	"\x06roster\x18\x01 \x01(\v2\x11.dpnode.v1.RosterH\x00R\x06roster\x12,\n" +
+	"\x05claim\x18\x02 \x01(\v2\x14.dpnode.v1.RankClaimH\x00R\x05claim\x123\n" +
+	"\arefused\x18\x03 \x01(\v2\x17.dpnode.v1.ClaimRefusedH\x00R\arefusedB\x06\n" +
+	"\x04body\":\n" +
+	"\fClaimRefused\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x10\n" +
 	"\x0eSubscribeRanks\"Y\n" +
 	"\n" +
 	"RankStatus\x12\x12\n" +
@@ -427,21 +824,30 @@ func file_dpnode_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_dpnode_v1_cluster_proto_rawDescData
 }
 
-var file_dpnode_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_dpnode_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_dpnode_v1_cluster_proto_goTypes = []any{
 	(*NodeMeta)(nil),           // 0: dpnode.v1.NodeMeta
-	(*SubscribeRanks)(nil),     // 1: dpnode.v1.SubscribeRanks
-	(*RankStatus)(nil),         // 2: dpnode.v1.RankStatus
-	(*RankStatuses)(nil),       // 3: dpnode.v1.RankStatuses
-	(*CoordinatorChanged)(nil), // 4: dpnode.v1.CoordinatorChanged
+	(*Roster)(nil),             // 1: dpnode.v1.Roster
+	(*RankHold)(nil),           // 2: dpnode.v1.RankHold
+	(*RankClaim)(nil),          // 3: dpnode.v1.RankClaim
+	(*GossipMessage)(nil),      // 4: dpnode.v1.GossipMessage
+	(*ClaimRefused)(nil),       // 5: dpnode.v1.ClaimRefused
+	(*SubscribeRanks)(nil),     // 6: dpnode.v1.SubscribeRanks
+	(*RankStatus)(nil),         // 7: dpnode.v1.RankStatus
+	(*RankStatuses)(nil),       // 8: dpnode.v1.RankStatuses
+	(*CoordinatorChanged)(nil), // 9: dpnode.v1.CoordinatorChanged
 }
 var file_dpnode_v1_cluster_proto_depIdxs = []int32{
-	2, // 0: dpnode.v1.RankStatuses.ranks:type_name -> dpnode.v1.RankStatus
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 0: dpnode.v1.Roster.holds:type_name -> dpnode.v1.RankHold
+	1, // 1: dpnode.v1.GossipMessage.roster:type_name -> dpnode.v1.Roster
+	3, // 2: dpnode.v1.GossipMessage.claim:type_name -> dpnode.v1.RankClaim
+	5, // 3: dpnode.v1.GossipMessage.refused:type_name -> dpnode.v1.ClaimRefused
+	7, // 4: dpnode.v1.RankStatuses.ranks:type_name -> dpnode.v1.RankStatus
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_cluster_proto_init() }
@@ -449,13 +855,18 @@ func file_dpnode_v1_cluster_proto_init() {
 	if File_dpnode_v1_cluster_proto != nil {
 		return
 	}
+	file_dpnode_v1_cluster_proto_msgTypes[4].OneofWrappers = []any{
+		(*GossipMessage_Roster)(nil),
+		(*GossipMessage_Claim)(nil),
+		(*GossipMessage_Refused)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpnode_v1_cluster_proto_rawDesc), len(file_dpnode_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -20,8 +20,12 @@ type CoordinatorConfig struct {
 	// ExpertParallel makes the coordinator run the waves and the group of
 	// ranks that step together.
 	ExpertParallel bool
-	Metrics        *Metrics
-	Logger         *slog.Logger
+	// Roster says which ranks may join the group: those the roster gives
+	// out, joining or not (a rank given back stays out); the node tells
+	// the coordinator of newer ones.
+	Roster  dp.Roster
+	Metrics *Metrics
+	Logger  *slog.Logger
 }
 
 // CoordinatorActor aggregates the engines' stats and publishes load
@@ -46,6 +50,7 @@ type CoordinatorActor struct {
 	// group, and where each rank's engine is.
 	waves   *dp.CoordinatorWave
 	engines map[int]*actor.PID
+	roster  dp.Roster
 }
 
 type subscriber struct {
@@ -57,7 +62,7 @@ type subscriber struct {
 // NewCoordinatorProducer returns the producer of a CoordinatorActor.
 func NewCoordinatorProducer(cfg CoordinatorConfig) actor.Producer {
 	return func() actor.Actor {
-		return &CoordinatorActor{cfg: cfg, loads: make(map[uint32]*dpnodev1.RankLoad)}
+		return &CoordinatorActor{cfg: cfg, loads: make(map[uint32]*dpnodev1.RankLoad), roster: cfg.Roster}
 	}
 }
 
@@ -108,6 +113,8 @@ func (c *CoordinatorActor) Receive(ctx actor.Context) {
 			c.timerAt = time.Time{}
 			c.tick(ctx)
 		}
+	case *rosterUpdate:
+		c.roster = msg.roster
 	case *dropRanks:
 		if c.waves != nil {
 			if g := c.waves.Drop(msg.ranks); g != nil {
@@ -130,6 +137,12 @@ func (c *CoordinatorActor) wave(ctx actor.Context, msg any) {
 			return
 		}
 		rank := int(m.Rank)
+		if !c.admits(rank) {
+			// Given back: its node is leaving, and the group went on
+			// without it.
+			c.cfg.Logger.Debug("a rank the roster no longer gives out asked to join the group", "rank", rank)
+			return
+		}
 		c.engines[rank] = ctx.Sender()
 		g := c.waves.Join(rank)
 		c.cfg.Logger.Debug("a rank joined the expert-parallel group", "rank", rank, "group", g.Ranks, "seq", g.Seq)
@@ -163,6 +176,15 @@ func (c *CoordinatorActor) wave(ctx actor.Context, msg any) {
 	}
 }
 
+// admits reports whether rank may join the group: any rank of a fixed
+// deployment, and a rank an elastic roster gives out, joining or not.
+func (c *CoordinatorActor) admits(rank int) bool {
+	if !c.roster.Elastic() {
+		return true
+	}
+	return slices.ContainsFunc(c.roster.Holds, func(h dp.Hold) bool { return rank >= h.Start && rank < h.End() })
+}
+
 func (c *CoordinatorActor) startWave(ctx actor.Context, sw *dp.StartWave, trigger int64) {
 	if sw == nil {
 		return
@@ -179,7 +201,7 @@ func (c *CoordinatorActor) startWave(ctx actor.Context, sw *dp.StartWave, trigge
 
 // sendGroup sends g to the ranks in to, or to its members when to is nil.
 func (c *CoordinatorActor) sendGroup(ctx actor.Context, g dp.Group, to []int) {
-	msg := &dpnodev1.GroupChanged{CoordinatorEpoch: g.Epoch, Seq: g.Seq}
+	msg := &dpnodev1.GroupChanged{CoordinatorEpoch: g.Epoch, Seq: g.Seq, Wave: g.Wave}
 	for _, r := range g.Ranks {
 		msg.Members = append(msg.Members, &dpnodev1.GroupMember{Rank: uint32(r), ActorAddress: c.engines[r].Address})
 	}

@@ -126,7 +126,7 @@ func (ew *engineWaves) receive(ctx actor.Context, e *EngineActor, msg any) {
 }
 
 func (ew *engineWaves) setGroup(ctx actor.Context, e *EngineActor, m *dpnodev1.GroupChanged) {
-	g := dp.Group{Epoch: m.CoordinatorEpoch, Seq: m.Seq}
+	g := dp.Group{Epoch: m.CoordinatorEpoch, Seq: m.Seq, Wave: m.Wave}
 	peers := make(map[int]*actor.PID, len(m.Members))
 	cross := false
 	for _, mem := range m.Members {

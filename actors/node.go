@@ -69,7 +69,7 @@ type NodeConfig struct {
 	// PublishRoster spreads a roster this node's coordinator decided, and
 	// RefuseClaim tells a node why it gets no ranks; nil on a node with
 	// no peers.
-	PublishRoster func(dp.Roster)
+	PublishRoster func(r dp.Roster, claimant string)
 	RefuseClaim   func(node string, err error)
 	// Key is this node's identity in the roster (its gossip address);
 	// empty for a node that holds no ranks there.
@@ -868,6 +868,7 @@ func (n *nodeActor) reelect(ctx actor.Context) {
 			Epoch:          e.Epoch,
 			Publish:        n.cfg.Publish,
 			ExpertParallel: n.cfg.ExpertParallel,
+			Roster:         n.known,
 			Metrics:        n.metrics,
 			Logger:         n.cfg.Logger,
 		})), "coordinator")
@@ -969,6 +970,9 @@ func (n *nodeActor) adoptRoster(ctx actor.Context) {
 		n.cfg.Logger.Info("the deployment's size changed", "from", from, "to", to, "roster_version", r.Version)
 	}
 	ctx.Send(n.api, &rosterUpdate{roster: r})
+	if n.coord != nil {
+		ctx.Send(n.coord, &rosterUpdate{roster: r})
+	}
 	n.reelect(ctx)
 }
 
@@ -979,13 +983,14 @@ func (n *nodeActor) decides() bool {
 	return n.election.Decides && n.election.Leader.Name == n.cfg.Name && n.cfg.PublishRoster != nil
 }
 
-// decide adopts a roster this node's coordinator decided, and spreads it.
-func (n *nodeActor) decide(ctx actor.Context, next dp.Roster) {
+// decide adopts a roster this node's coordinator decided, and spreads it;
+// claimant is the node whose claim it answers, if any.
+func (n *nodeActor) decide(ctx actor.Context, next dp.Roster, claimant string) {
 	if storeNewer(n.roster, next) {
 		n.adoptRoster(ctx)
 	}
 	if n.cfg.PublishRoster != nil {
-		n.cfg.PublishRoster(next)
+		n.cfg.PublishRoster(next, claimant)
 	}
 }
 
@@ -1001,7 +1006,7 @@ func (n *nodeActor) commitJoining(ctx actor.Context, key string, m *dpnodev1.Nod
 	}
 	next, _ := n.known.Commit(key, n.election.Epoch)
 	n.cfg.Logger.Info("a node serves the ranks it was given; they join the deployment", "node", key, "ranks", h.String(), "size", next.Size())
-	n.decide(ctx, next)
+	n.decide(ctx, next, "")
 }
 
 // dropJoining frees the ranks of a node that left before it served them,
@@ -1015,7 +1020,7 @@ func (n *nodeActor) dropJoining(ctx actor.Context, key string) {
 	}
 	next, _ := n.known.Release(key, n.election.Epoch)
 	n.cfg.Logger.Warn("a node left before it served the ranks it was given; they are free again", "node", key)
-	n.decide(ctx, next)
+	n.decide(ctx, next, "")
 }
 
 // sweepJoining settles the joining holds a new coordinator finds: those
@@ -1051,8 +1056,19 @@ func (n *nodeActor) claim(ctx actor.Context, msg *claimRanks) {
 	next := n.known
 	if msg.release {
 		var ok bool
+		h, _ := n.known.Holding(msg.claim.Node)
 		if next, ok = n.known.Release(msg.claim.Node, epoch); ok {
 			n.cfg.Logger.Info("a node leaves and gives its ranks back", "node", msg.claim.Node, "size", next.Size())
+			if n.coord != nil {
+				// It has drained: the group goes on without its ranks
+				// now, before its engines stop, so that no step waits
+				// for them. The roster that follows keeps them out.
+				var ranks []int
+				for r := h.Start; r < h.End(); r++ {
+					ranks = append(ranks, r)
+				}
+				ctx.Send(n.coord, &dropRanks{ranks: ranks})
+			}
 		}
 	} else {
 		var busy []dp.Member
@@ -1076,7 +1092,7 @@ func (n *nodeActor) claim(ctx actor.Context, msg *claimRanks) {
 	}
 	// Published even when nothing changed: the claimant asks because it
 	// has not heard of the roster that answers it.
-	n.decide(ctx, next)
+	n.decide(ctx, next, msg.claim.Node)
 }
 
 // minLevel drops records below a level.

@@ -208,12 +208,32 @@ func (m *Membership) Roster() dp.Roster {
 	return m.d.roster
 }
 
-// Publish spreads a roster this node's coordinator decided.
-func (m *Membership) Publish(r dp.Roster) {
-	if !m.d.adopt(r) {
-		// Nothing newer here, but the claimant that asked has not heard
-		// of it: gossip it again.
-		m.d.queue.QueueBroadcast(rosterBroadcast(encodeRoster(m.d.currentRoster())))
+// Publish spreads a roster this node's coordinator decided, in answer to
+// the claim of the node whose key is claimant (or to none): a new roster
+// by gossip and to every member over TCP, since gossip carries a message
+// only within a UDP packet, and a roster of a few dozen nodes outgrows
+// one; the roster a claimant has not heard of yet, to it.
+func (m *Membership) Publish(r dp.Roster, claimant string) {
+	b := encodeRoster(r)
+	if m.d.adopt(r) {
+		m.sendAll(b)
+		return
+	}
+	b = encodeRoster(m.d.currentRoster())
+	for _, n := range m.list.Members() {
+		if n.Address() == claimant && n.Name != m.d.cfg.Name {
+			go func() { _ = m.list.SendReliable(n, b) }()
+		}
+	}
+}
+
+// sendAll sends b to every other member over TCP, each on its own
+// goroutine: a dead member costs its send a timeout, not the others.
+func (m *Membership) sendAll(b []byte) {
+	for _, n := range m.list.Members() {
+		if n.Name != m.d.cfg.Name {
+			go func() { _ = m.list.SendReliable(n, b) }()
+		}
 	}
 }
 
@@ -297,11 +317,7 @@ func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim,
 			if onClaim != nil {
 				onClaim(dp.Claim{Node: claim.Node, Start: int(claim.StartRank), Count: int(claim.Count), Experts: int(claim.Experts)}, claim.Release)
 			}
-			for _, n := range m.list.Members() {
-				if n.Name != d.cfg.Name {
-					go func() { _ = m.list.SendReliable(n, b) }()
-				}
-			}
+			m.sendAll(b)
 		}
 		t := time.NewTimer(time.Until(next))
 		select {

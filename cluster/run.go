@@ -184,7 +184,7 @@ func Start(o Options) (*Running, error) {
 	}
 	// The membership starts after the node when the node's ranks are its
 	// own; the coordinator only publishes once gossip is attached.
-	cfg.PublishRoster = func(ro dp.Roster) { r.membership.Publish(ro) }
+	cfg.PublishRoster = func(ro dp.Roster, claimant string) { r.membership.Publish(ro, claimant) }
 	cfg.RefuseClaim = func(node string, err error) { r.membership.Refuse(node, err) }
 	// Each API server counts its own picks: vLLM's policy bumps a rank by
 	// the number of API servers, which a node does not know in advance.

@@ -45,6 +45,10 @@ type Group struct {
 	Seq   uint64
 	// Ranks are sorted.
 	Ranks []int
+	// Wave is the coordinator's wave when it formed the group: a new
+	// engine, at wave 0, takes it up, so that a request stamped with an
+	// earlier wave cannot put it in a wave the group has left.
+	Wave uint64
 }
 
 // Newer reports whether g replaces o: a later group of the same
@@ -169,7 +173,7 @@ func (c *CoordinatorWave) Drop(ranks []int) *Group {
 }
 
 func (c *CoordinatorWave) reform(ranks []int) *Group {
-	c.group = Group{Epoch: c.group.Epoch, Seq: c.group.Seq + 1, Ranks: ranks}
+	c.group = Group{Epoch: c.group.Epoch, Seq: c.group.Seq + 1, Ranks: ranks, Wave: c.wave}
 	g := c.group
 	return &g
 }
@@ -313,6 +317,28 @@ func (e *EngineWave) SetGroup(g Group) (resend, excluded bool) {
 		e.Leave()
 		return false, true
 	}
+	if !e.running && g.Wave > e.wave {
+		// Behind the group (new, or idle through waves it missed): a
+		// request stamped with a wave it has not heard of must not take
+		// it back there.
+		e.wave, e.step = g.Wave, 0
+	}
+	if !e.running {
+		// Admitted while the group steps: the members' reports may have
+		// come before the group that admits this engine (they travel
+		// apart from the coordinator's message), and no more come until
+		// it reports. It joins the wave they step in.
+		var w uint64
+		held := false
+		for k, byRank := range e.reports {
+			if k.wave >= e.wave && len(byRank) > 0 && (!held || k.wave > w) {
+				w, held = k.wave, true
+			}
+		}
+		if held {
+			e.enter(w)
+		}
+	}
 	return e.awaiting, false
 }
 
@@ -336,7 +362,14 @@ func (e *EngineWave) Begin(tokens int, unfinished bool, shape engine.Shape, now 
 // engine found its own report behind the group's step, the re-labelled
 // report to send again.
 func (e *EngineWave) Receive(r StepReport) (wake bool, resend *StepReport) {
-	if !e.group.Has(r.Rank) || r.Rank == e.rank || r.Wave < e.wave || (r.Wave == e.wave && r.Step < e.step) {
+	if r.Rank == e.rank || r.Wave < e.wave || (r.Wave == e.wave && r.Step < e.step) {
+		return false, nil
+	}
+	if !e.group.Has(r.Rank) {
+		// From a rank this engine does not know as a member yet: the
+		// group that admits it (or this engine) may still be on its way.
+		// Kept for SetGroup, which drops it if the group does not.
+		e.record(r)
 		return false, nil
 	}
 	_, sawThisStep := e.reports[stepKey{e.wave, e.step}][r.Rank]
@@ -411,6 +444,13 @@ func (e *EngineWave) Missing(now time.Time, timeout time.Duration) []int {
 func (e *EngineWave) Finish(reports []StepReport, hasWork bool) (ended *uint64, reportComplete bool, startOthers *uint64) {
 	delete(e.reports, stepKey{e.wave, e.step})
 	e.step++
+	// Reports kept from ranks outside the group (see Receive) of steps
+	// now past.
+	for k := range e.reports {
+		if k.wave < e.wave || (k.wave == e.wave && k.step < e.step) {
+			delete(e.reports, k)
+		}
+	}
 	e.awaiting = false
 	for _, r := range reports {
 		if r.Unfinished {

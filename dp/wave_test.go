@@ -447,3 +447,103 @@ func TestFrontendSendsOneNoticePerIdlePeriod(t *testing.T) {
 		t.Fatalf("after the wave ended: wave %d notify %v; want 1 true", w, notify)
 	}
 }
+
+// A new rank admitted mid-wave may hear the members' reports of the open
+// step before the group that admits it: it keeps them, and joins that
+// step when the group comes, since no more reports come until it reports.
+// Dropping them left the members waiting out the collective timeout.
+func TestJoinerHearsTheStepBeforeItsGroup(t *testing.T) {
+	c := NewCoordinatorWave(1)
+	es := []*EngineWave{NewEngineWave(0), NewEngineWave(1), NewEngineWave(2)}
+	groupOf(c, es, 0, 1)
+	t0 := time.Unix(100, 0)
+	for _, e := range es[:2] {
+		e.Start(StartWave{Wave: 2, Exclude: -1})
+	}
+	a, b := es[0].Begin(1, true, engine.Shape{}, t0), es[1].Begin(1, true, engine.Shape{}, t0)
+	g := c.Join(2)
+	// The members adopt the group and send their reports again, to the
+	// joiner among others; the joiner's group arrives after them.
+	for _, e := range es[:2] {
+		if resend, _ := e.SetGroup(*g); !resend {
+			t.Fatal("a waiting member did not send its report again")
+		}
+	}
+	for _, r := range []StepReport{a, b} {
+		if wake, _ := es[2].Receive(r); wake {
+			t.Fatal("a report from a rank outside the joiner's group woke it")
+		}
+	}
+	if _, running := es[2].Wave(); running {
+		t.Fatal("the joiner runs before it is a member")
+	}
+	es[2].SetGroup(*g)
+	if w, running := es[2].Wave(); !running || w != 2 {
+		t.Fatalf("the joiner is at wave %d, running %v; want wave 2, running", w, running)
+	}
+	j := es[2].Begin(0, false, engine.Shape{}, t0)
+	if j.Step != a.Step {
+		t.Fatalf("the joiner began step %d, the group is at %d", j.Step, a.Step)
+	}
+	es[0].Receive(b)
+	es[0].Receive(j)
+	es[1].Receive(a)
+	es[1].Receive(j)
+	for i, e := range es {
+		if reports, ok := e.Complete(); !ok || len(reports) != 3 {
+			t.Fatalf("rank %d: the step with the joiner did not complete: %v", i, reports)
+		}
+	}
+	// A group that leaves a rank out drops what was kept of it.
+	lone := NewEngineWave(3)
+	lone.Receive(StepReport{Rank: 7, Wave: 2, Step: 4})
+	lone.SetGroup(Group{Epoch: 1, Seq: 9, Ranks: []int{3}})
+	if _, running := lone.Wave(); running {
+		t.Fatal("a report of a rank outside the group started a wave")
+	}
+}
+
+// A new engine starts at wave 0. Admitted while the group steps in a later
+// wave, it takes the group's wave up, so that a request stamped with an
+// earlier one (its frontend lagging) does not put it in a wave the group
+// has left, where it would wait for reports nobody sends while the members
+// wait for its own.
+func TestJoinerTakesTheGroupsWave(t *testing.T) {
+	c := NewCoordinatorWave(1)
+	es := []*EngineWave{NewEngineWave(0), NewEngineWave(1)}
+	groupOf(c, es, 0)
+	t0 := time.Unix(100, 0)
+	// Waves 0 to 4 end; wave 5 runs on rank 0.
+	for w := range uint64(5) {
+		c.FirstRequest(0, w)
+		es[0].Start(StartWave{Wave: w, Exclude: -1})
+		r := es[0].Begin(1, false, engine.Shape{}, t0)
+		reports, _ := es[0].Complete()
+		if ended, _, _ := es[0].Finish(reports, false); ended == nil || *ended != r.Wave {
+			t.Fatalf("wave %d did not end", w)
+		}
+		c.WaveComplete(w)
+	}
+	c.FirstRequest(0, 5)
+	es[0].Start(StartWave{Wave: 5, Exclude: -1})
+	a := es[0].Begin(1, true, engine.Shape{}, t0)
+	g := c.Join(1)
+	for _, e := range es {
+		e.SetGroup(*g)
+	}
+	// A request stamped with wave 3 reaches the joiner before any report.
+	if others := es[1].Request(3); others == nil || *others != 5 {
+		t.Fatalf("the joiner's stale request asked the coordinator to start %v, want wave 5", others)
+	}
+	if w, running := es[1].Wave(); w != 5 || !running {
+		t.Fatalf("the joiner runs wave %d (running %v), want 5", w, running)
+	}
+	j := es[1].Begin(1, true, engine.Shape{}, t0)
+	es[1].Receive(a)
+	es[0].Receive(j)
+	for i, e := range es {
+		if _, ok := e.Complete(); !ok {
+			t.Fatalf("rank %d: the step with the joiner did not complete", i)
+		}
+	}
+}

@@ -813,8 +813,11 @@ type GroupChanged struct {
 	CoordinatorEpoch uint64                 `protobuf:"varint,1,opt,name=coordinator_epoch,json=coordinatorEpoch,proto3" json:"coordinator_epoch,omitempty"`
 	Seq              uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
 	Members          []*GroupMember         `protobuf:"bytes,3,rep,name=members,proto3" json:"members,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The coordinator's wave when it formed the group: a rank admitted new
+	// has no other way to know it before it hears a step.
+	Wave          uint64 `protobuf:"varint,4,opt,name=wave,proto3" json:"wave,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GroupChanged) Reset() {
@@ -866,6 +869,13 @@ func (x *GroupChanged) GetMembers() []*GroupMember {
 		return x.Members
 	}
 	return nil
+}
+
+func (x *GroupChanged) GetWave() uint64 {
+	if x != nil {
+		return x.Wave
+	}
+	return 0
 }
 
 // CollectiveTimeout: an engine waited too long for these ranks' reports in
@@ -1001,11 +1011,12 @@ const file_dpnode_v1_coordinator_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\"F\n" +
 	"\vGroupMember\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12#\n" +
-	"\ractor_address\x18\x02 \x01(\tR\factorAddress\"\x7f\n" +
+	"\ractor_address\x18\x02 \x01(\tR\factorAddress\"\x93\x01\n" +
 	"\fGroupChanged\x12+\n" +
 	"\x11coordinator_epoch\x18\x01 \x01(\x04R\x10coordinatorEpoch\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x120\n" +
-	"\amembers\x18\x03 \x03(\v2\x16.dpnode.v1.GroupMemberR\amembers\"\x80\x01\n" +
+	"\amembers\x18\x03 \x03(\v2\x16.dpnode.v1.GroupMemberR\amembers\x12\x12\n" +
+	"\x04wave\x18\x04 \x01(\x04R\x04wave\"\x80\x01\n" +
 	"\x11CollectiveTimeout\x12+\n" +
 	"\x11coordinator_epoch\x18\x01 \x01(\x04R\x10coordinatorEpoch\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +

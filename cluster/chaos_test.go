@@ -108,6 +108,7 @@ type chaosRun struct {
 	a       *proc
 	hosts   []*proc // the headless nodes, restartable
 	args    [][]string
+	common  []string
 	client  openai.Client
 	mu      sync.Mutex
 	records []record
@@ -131,11 +132,12 @@ func TestChaos(t *testing.T) {
 		t.Fatalf("-chaos.engine %q: this test binary has %v", *chaosEngine, slices.Sorted(maps.Keys(chaosEngines)))
 	}
 	r := &chaosRun{t: t, rng: rand.New(rand.NewPCG(seed, seed)), engine: kind}
-	common := append([]string{"--data-parallel-size", "6", "--data-parallel-size-local", "2", "--engine-max-restarts", "50"}, kind.args(t)...)
-	r.a = startProc(t, "127.0.0.181", nodeArgs("127.0.0.181", append([]string{"--host", "127.0.0.181", "--port", "0", "--data-parallel-lb", "internal"}, common...)...)...)
-	for i, ip := range []string{"127.0.0.182", "127.0.0.183"} {
-		args := nodeArgs(ip, append([]string{"--headless", "--host", ip, "--metrics-port", "0", "--data-parallel-start-rank", fmt.Sprint(2 + 2*i),
-			"--seeds", "127.0.0.181:7946"}, common...)...)
+	// An elastic deployment: the nodes' ranks are given out as they join
+	// (in this order: 0-1, 2-3, 4-5), and a scale event adds a fourth.
+	r.common = append([]string{"--data-parallel-size", "auto", "--data-parallel-size-local", "2", "--engine-max-restarts", "50"}, kind.args(t)...)
+	r.a = startProc(t, "127.0.0.181", nodeArgs("127.0.0.181", append([]string{"--host", "127.0.0.181", "--port", "0", "--data-parallel-lb", "internal"}, r.common...)...)...)
+	for _, ip := range []string{"127.0.0.182", "127.0.0.183"} {
+		args := r.headless(ip)
 		r.args = append(r.args, args)
 		r.hosts = append(r.hosts, startProc(t, ip, args...))
 	}
@@ -208,7 +210,7 @@ func (r *chaosRun) waitWhole() {
 				n++
 			}
 		}
-		return n == 6 && len(v.Nodes) == 3
+		return n == 6 && len(v.Nodes) == 3 && v.Size == 6
 	})
 }
 
@@ -307,8 +309,10 @@ func (r *chaosRun) injectFaults(deadline time.Time) {
 	// Every run crashes the API server once: that no request fails for
 	// it is a promise the report checks.
 	own := append([]func() fault{r.panicAPIServer}, r.engine.faults(r)...)
+	// And adds a node and takes it out again once.
+	own = append([]func() fault{r.scaleNode}, own...)
 	kinds := append([]func() fault{
-		r.panicEngine, r.panicAPIServer, r.panicCoordinator, r.killNode, r.stopNode, r.partition,
+		r.panicEngine, r.panicAPIServer, r.panicCoordinator, r.killNode, r.stopNode, r.partition, r.scaleNode,
 	}, own...)
 	for n := 0; time.Now().Add(*chaosEvery).Before(deadline); n++ {
 		time.Sleep(*chaosEvery)
@@ -386,6 +390,52 @@ func (r *chaosRun) killNode() fault {
 	<-p.done
 	time.Sleep(time.Duration(1+r.rng.IntN(3)) * time.Second)
 	r.hosts[i] = startProc(r.t, p.ip, r.args[i]...)
+	r.waitWhole()
+	f.end = time.Now()
+	return f
+}
+
+// headless are the arguments of a headless node on ip.
+func (r *chaosRun) headless(ip string, extra ...string) []string {
+	return nodeArgs(ip, append(append([]string{"--headless", "--host", ip, "--metrics-port", "0", "--seeds", r.a.ip + ":7946"}, r.common...), extra...)...)
+}
+
+// scaleNode grows the deployment by a fourth node of two ranks and, once
+// they serve, shrinks it back: the node leaves by POST /admin/leave or by
+// SIGTERM with --leave-on-terminate, draining first.
+func (r *chaosRun) scaleNode() fault {
+	const ip = "127.0.0.184"
+	f := fault{kind: "scale up and down", name: "add a node of 2 ranks, then take it out", start: time.Now()}
+	p := startProc(r.t, ip, r.headless(ip, "--leave-on-terminate")...)
+	r.a.waitView("the deployment grown to eight ranks", 60*time.Second, func(v clusterView) bool {
+		n := 0
+		for _, rk := range v.Ranks {
+			if rk.Balanced && rk.Ready {
+				n++
+			}
+		}
+		return n == 8 && v.Size == 8
+	})
+	time.Sleep(time.Duration(1+r.rng.IntN(3)) * time.Second)
+	if r.rng.IntN(2) == 0 {
+		f.name += " (POST /admin/leave)"
+		resp, err := http.Post(p.url+"/admin/leave", "", nil)
+		if err != nil {
+			r.t.Fatalf("POST /admin/leave: %v", err)
+		}
+		resp.Body.Close()
+	} else {
+		f.name += " (SIGTERM)"
+		p.signal(syscall.SIGTERM)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		r.t.Fatalf("the node taken out did not exit within 60s")
+	}
+	if p.err != nil {
+		r.t.Fatalf("the node taken out exited with %v, want 0", p.err)
+	}
 	r.waitWhole()
 	f.end = time.Now()
 	return f

@@ -242,6 +242,9 @@ func (s *Server) drain(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, &apiError{Status: http.StatusNotImplemented, Type: "server_error", Message: "this server cannot drain"})
 		return
 	}
+	// Refusing new requests starts here, not when the node gets round to
+	// its drain: a caller that drains and then sends expects the refusal.
+	s.SetDraining()
 	s.cfg.OnDrain()
 	writeJSON(w, http.StatusAccepted, map[string]string{"status": "draining"})
 }
@@ -252,6 +255,7 @@ func (s *Server) leave(w http.ResponseWriter, _ *http.Request) {
 		writeError(w, &apiError{Status: http.StatusNotImplemented, Type: "server_error", Message: "this server cannot leave"})
 		return
 	}
+	s.SetDraining()
 	s.cfg.OnLeave()
 	writeJSON(w, http.StatusAccepted, map[string]string{"status": "leaving"})
 }

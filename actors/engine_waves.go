@@ -140,7 +140,7 @@ func (ew *engineWaves) setGroup(ctx actor.Context, e *EngineActor, m *dpnodev1.G
 		return
 	}
 	wasAwaiting := ew.w.Awaiting()
-	resend, excluded := ew.w.SetGroup(g)
+	resend, excluded, startOthers := ew.w.SetGroup(g)
 	ew.peers, ew.crossNode = peers, cross
 	switch {
 	case excluded:
@@ -163,6 +163,9 @@ func (ew *engineWaves) setGroup(ctx actor.Context, e *EngineActor, m *dpnodev1.G
 	}
 	if resend {
 		ew.broadcast(ctx, ew.w.Own())
+	}
+	if startOthers != nil && e.coordinator != nil {
+		ctx.Send(e.coordinator, &dpnodev1.EngineStartedWave{Rank: uint32(ew.rank), Wave: *startOthers})
 	}
 }
 

@@ -286,6 +286,9 @@ func growAndShrink(t *testing.T, ips [4]string, extra []string) {
 		if g := v.Coordinator.Group; !slices.Equal(g, []int{0, 1, 2, 3}) {
 			t.Fatalf("the expert-parallel group is %v, want [0 1 2 3]", g)
 		}
+		// The load keeps one wave running, often from its first request
+		// to its last: that wave ends a step after the last stream does.
+		a.waitView("the wave ended", 10*time.Second, func(v clusterView) bool { return !v.Coordinator.WaveRunning })
 		if w := a.metric("dpnode_waves_total", nil); w == 0 {
 			t.Fatal("no wave ran")
 		}

@@ -303,19 +303,35 @@ func (e *EngineWave) Start(s StartWave) {
 
 // SetGroup adopts a newer group. It returns whether the engine must send
 // its report for the current step again (the group changed while it
-// waited: new members have not seen it), and whether the engine was left
-// out (it must stop stepping and ask to rejoin).
-func (e *EngineWave) SetGroup(g Group) (resend, excluded bool) {
+// waited: new members have not seen it), whether the engine was left out
+// (it must stop stepping and ask to rejoin), and, as Request does, the
+// wave the coordinator must start for everyone else when the engine, let
+// in with work, steps in a wave the coordinator may not know runs.
+func (e *EngineWave) SetGroup(g Group) (resend, excluded bool, startOthers *uint64) {
 	if !g.Newer(e.group) {
-		return false, false
+		return false, false, nil
 	}
+	joining := !e.group.Has(e.rank)
 	e.group = g
 	for _, byRank := range e.reports {
 		maps.DeleteFunc(byRank, func(r int, _ StepReport) bool { return !g.Has(r) })
 	}
 	if !g.Has(e.rank) {
 		e.Leave()
-		return false, true
+		return false, true, nil
+	}
+	// A request can reach a new engine before the group that admits it
+	// (its frontend hears of the engine apart from the coordinator), and
+	// the engine entered the request's wave then, at the step the reports
+	// it held showed. It has not stepped in it: it takes its place from
+	// the group and the reports held now, like an idle joiner, and then
+	// the request again. Kept in the wave it entered, it waited in a step
+	// or a wave the members had left, and they for its report.
+	var pending *uint64
+	if joining && e.running {
+		w := e.wave
+		pending = &w
+		e.running = false
 	}
 	if !e.running && g.Wave > e.wave {
 		// Behind the group (new, or idle through waves it missed): a
@@ -339,7 +355,34 @@ func (e *EngineWave) SetGroup(g Group) (resend, excluded bool) {
 			e.enter(w)
 		}
 	}
-	return e.awaiting, false
+	if pending != nil {
+		startOthers = e.Request(*pending)
+	}
+	if e.awaiting {
+		// Reports held from ranks this group admits may show the group
+		// past this step already (a joiner's report can come before the
+		// group that admits it): the engine moves up, as Receive does
+		// when such a report arrives, since it will not arrive again.
+		cur := e.reports[stepKey{e.wave, e.step}]
+		to := e.step
+		for k, byRank := range e.reports {
+			if k.wave != e.wave || k.step <= to {
+				continue
+			}
+			for r := range byRank {
+				if _, saw := cur[r]; !saw && r != e.rank {
+					to = k.step
+					break
+				}
+			}
+		}
+		if to > e.step {
+			delete(cur, e.rank)
+			e.step, e.own.Step = to, to
+			e.record(e.own)
+		}
+	}
+	return e.awaiting, false, startOthers
 }
 
 // Begin opens the engine's part of the current step: it returns the

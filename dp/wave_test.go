@@ -336,7 +336,7 @@ func TestCollectiveTimeoutReformsTheGroupWithoutTheLostRank(t *testing.T) {
 		t.Fatalf("dropping rank 2 gave %+v; a second drop must change nothing", g)
 	}
 	for _, e := range es[:2] {
-		if resend, excluded := e.SetGroup(*g); resend || excluded {
+		if resend, excluded, _ := e.SetGroup(*g); resend || excluded {
 			// Both had already sent to each other; resending is allowed
 			// but the two survivors stay members.
 			if excluded {
@@ -348,7 +348,7 @@ func TestCollectiveTimeoutReformsTheGroupWithoutTheLostRank(t *testing.T) {
 			t.Fatalf("survivors cannot finish the step in the smaller group: %v %v", reports, ok)
 		}
 	}
-	if _, excluded := es[2].SetGroup(*g); !excluded || es[2].InGroup() {
+	if _, excluded, _ := es[2].SetGroup(*g); !excluded || es[2].InGroup() {
 		t.Fatal("the dropped rank does not know it is out")
 	}
 }
@@ -465,7 +465,7 @@ func TestJoinerHearsTheStepBeforeItsGroup(t *testing.T) {
 	// The members adopt the group and send their reports again, to the
 	// joiner among others; the joiner's group arrives after them.
 	for _, e := range es[:2] {
-		if resend, _ := e.SetGroup(*g); !resend {
+		if resend, _, _ := e.SetGroup(*g); !resend {
 			t.Fatal("a waiting member did not send its report again")
 		}
 	}
@@ -545,5 +545,149 @@ func TestJoinerTakesTheGroupsWave(t *testing.T) {
 		if _, ok := e.Complete(); !ok {
 			t.Fatalf("rank %d: the step with the joiner did not complete", i)
 		}
+	}
+}
+
+// A request can reach a new rank before the group that admits it, and so
+// can the reports of members that ran the open step without it (the group
+// came to them after its collective) and went on to the next. Admitted,
+// the joiner steps where those reports show the group to be, not in the
+// step it had entered on its request: there it waited for reports those
+// members had sent without it, while they waited for its own.
+func TestJoinerWithAnEarlyRequestTakesTheGroupsStep(t *testing.T) {
+	c := NewCoordinatorWave(1)
+	es := []*EngineWave{NewEngineWave(0), NewEngineWave(1), NewEngineWave(2)}
+	groupOf(c, es[:2], 0, 1)
+	t0 := time.Unix(100, 0)
+	for _, e := range es[:2] {
+		e.Start(StartWave{Wave: 0, Exclude: -1})
+	}
+	// Steps 0-4 of wave 0 between ranks 0 and 1.
+	for range 5 {
+		a, b := es[0].Begin(1, true, engine.Shape{}, t0), es[1].Begin(1, true, engine.Shape{}, t0)
+		es[0].Receive(b)
+		es[1].Receive(a)
+		for _, e := range es[:2] {
+			reports, _ := e.Complete()
+			e.Finish(reports, true)
+		}
+	}
+	a5, b5 := es[0].Begin(1, true, engine.Shape{}, t0), es[1].Begin(1, true, engine.Shape{}, t0)
+	es[1].Receive(a5)
+	reports, ok := es[1].Complete()
+	if !ok {
+		t.Fatal("rank 1's step 5 did not complete")
+	}
+	g := c.Join(2)
+	// The joiner's first request comes before anything else.
+	if others := es[2].Request(0); others != nil {
+		t.Fatalf("a request stamped with the running wave asked to start %d", *others)
+	}
+	// Rank 0 adopts the group while it waits in step 5: it sends its
+	// report again, to the joiner too, and now waits for the joiner's.
+	if resend, _, _ := es[0].SetGroup(*g); !resend {
+		t.Fatal("rank 0, waiting, did not send its report again")
+	}
+	es[0].Receive(b5)
+	// Rank 1 ran step 5 without the joiner, opened step 6, and then
+	// adopted the group: the joiner hears its step 6 before its group.
+	es[1].Finish(reports, true)
+	b6 := es[1].Begin(1, true, engine.Shape{}, t0)
+	if resend, _, _ := es[1].SetGroup(*g); !resend {
+		t.Fatal("rank 1, waiting, did not send its report again")
+	}
+	es[0].Receive(b6)
+	es[2].Receive(b6)
+	if _, _, others := es[2].SetGroup(*g); others != nil {
+		t.Fatalf("the joiner asked to start wave %d, which runs", *others)
+	}
+	j := es[2].Begin(1, true, engine.Shape{}, t0)
+	if j.Wave != 0 || j.Step != 6 {
+		t.Fatalf("the joiner began wave %d step %d; the group is at wave 0 step 6", j.Wave, j.Step)
+	}
+	// Rank 0's step-5 report is behind the joiner; the joiner's tells rank
+	// 0 that the group went on to step 6.
+	if wake, resend := es[2].Receive(a5); wake || resend != nil {
+		t.Fatal("a report of a step the joiner is past moved it")
+	}
+	es[1].Receive(j)
+	_, a6 := es[0].Receive(j)
+	if a6 == nil || a6.Step != 6 {
+		t.Fatalf("rank 0 did not move to step 6: %+v", a6)
+	}
+	es[1].Receive(*a6)
+	es[2].Receive(*a6)
+	for i, e := range es {
+		if reports, ok := e.Complete(); !ok || len(reports) != 3 {
+			t.Fatalf("rank %d: the step with the joiner did not complete: %v", i, reports)
+		}
+	}
+}
+
+// A request stamped with a wave the group has left, reaching a new rank
+// before its group, does not keep the joiner in that wave: admitted, it
+// takes the group's, and asks the coordinator to start it for the others,
+// which may be idle in it, as for any stale stamp.
+func TestJoinerWithAStaleEarlyRequestTakesTheGroupsWave(t *testing.T) {
+	c := NewCoordinatorWave(1)
+	es := []*EngineWave{NewEngineWave(0), NewEngineWave(1)}
+	groupOf(c, es[:1], 0)
+	t0 := time.Unix(100, 0)
+	// Waves 0 to 4 end; the group is idle at wave 5.
+	for w := range uint64(5) {
+		c.FirstRequest(0, w)
+		es[0].Start(StartWave{Wave: w, Exclude: -1})
+		es[0].Begin(1, false, engine.Shape{}, t0)
+		reports, _ := es[0].Complete()
+		es[0].Finish(reports, false)
+		c.WaveComplete(w)
+	}
+	g := c.Join(1)
+	es[0].SetGroup(*g)
+	// A frontend that has not heard of wave 5 yet; the coordinator ignores
+	// its notice, and the joiner alone knows it has work.
+	if others := es[1].Request(3); others != nil {
+		t.Fatalf("the joiner, outside any group, asked to start wave %d", *others)
+	}
+	if c.FirstRequest(1, 3) != nil {
+		t.Fatal("the coordinator started a wave that ended")
+	}
+	_, _, others := es[1].SetGroup(*g)
+	if others == nil || *others != 5 {
+		t.Fatalf("the admitted joiner asked to start %v, want wave 5", others)
+	}
+	if w, running := es[1].Wave(); w != 5 || !running {
+		t.Fatalf("the joiner runs wave %d (running %v), want 5", w, running)
+	}
+	sw := c.StartedWave(1, *others)
+	es[0].Start(*sw)
+	a, j := es[0].Begin(0, false, engine.Shape{}, t0), es[1].Begin(1, true, engine.Shape{}, t0)
+	es[0].Receive(j)
+	es[1].Receive(a)
+	for i, e := range es {
+		if _, ok := e.Complete(); !ok {
+			t.Fatalf("rank %d: the step with the joiner did not complete", i)
+		}
+	}
+}
+
+// A waiting member that holds a joiner's report of a later step (it came
+// before the group that admits the joiner) moves up to that step when the
+// group comes, as it would had the report come after.
+func TestMemberHoldingAJoinersLaterStepMovesUp(t *testing.T) {
+	c := NewCoordinatorWave(1)
+	m := NewEngineWave(0)
+	groupOf(c, []*EngineWave{m}, 0)
+	m.Start(StartWave{Wave: 1, Exclude: -1})
+	t0 := time.Unix(100, 0)
+	own := m.Begin(1, true, engine.Shape{}, t0)
+	g := c.Join(1)
+	m.Receive(StepReport{Rank: 1, Wave: 1, Step: own.Step + 1, Unfinished: true})
+	resend, _, _ := m.SetGroup(*g)
+	if !resend || m.Own().Step != own.Step+1 {
+		t.Fatalf("resend %v, own step %d; want to send again at step %d", resend, m.Own().Step, own.Step+1)
+	}
+	if reports, ok := m.Complete(); !ok || len(reports) != 2 {
+		t.Fatalf("the step with the joiner did not complete: %v", reports)
 	}
 }

@@ -108,7 +108,7 @@ func TestWaveStepperAbandon(t *testing.T) {
 	if !st.Opened || st.Run != nil {
 		t.Fatalf("alone in a group of two, Pump opened %v and ran %v", st.Opened, st.Run)
 	}
-	if _, excluded := w.SetGroup(Group{Epoch: 1, Seq: 2, Ranks: []int{0}}); !excluded {
+	if _, excluded, _ := w.SetGroup(Group{Epoch: 1, Seq: 2, Ranks: []int{0}}); !excluded {
 		t.Fatal("a group without rank 1 did not exclude it")
 	}
 	b := w.Abandon()

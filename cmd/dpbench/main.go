@@ -104,7 +104,7 @@ inter-token gaps of a long run) read from log buckets, within 0.4%.`,
 			return run(ctx, o, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
-	cmd.AddCommand(newBareCommand(), newPlotCommand())
+	cmd.AddCommand(newBareCommand(), newPlotCommand(), newTimelineCommand())
 	f := cmd.Flags()
 	f.StringVar(&o.url, "url", "http://127.0.0.1:8000", "the endpoint's base URL (without /v1)")
 	f.StringVar(&o.model, "model", "", "model to ask for (default: the first the server lists)")
@@ -224,6 +224,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 			probeCtx, stopProbes := context.WithCancel(ctx)
 			probed := make(chan []ProbeSummary, 1)
 			go func() { probed <- probe(probeCtx, NewHTTPClient(), t.BaseURL, o.probes) }()
+			started := time.Now()
 			outs, elapsed := send(ctx, t, items, l, progress, label)
 			stopProbes()
 			probes := <-probed
@@ -231,7 +232,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 				return Summary{}, nil, ctx.Err()
 			}
 			s := summarize(label, outs, elapsed)
-			s.Probes = probes
+			s.Probes, s.StartedUnixMs = probes, started.UnixMilli()
 			if metrics != nil {
 				if after, err := scrapeServed(ctx, t.Client, metrics); err == nil {
 					s.Ranks = newSpread(servedDelta(before, after))

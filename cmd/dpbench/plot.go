@@ -105,17 +105,25 @@ func savePlot(path, title string, sums []Summary) error {
 		}
 		row[pi] = p
 	}
+	return writeFigure(path, func(c draw.Canvas) {
+		canvases := plot.Align([][]*plot.Plot{row}, draw.Tiles{Rows: 1, Cols: len(row), PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 2,
+			PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}, c)
+		for i, p := range row {
+			p.Draw(canvases[0][i])
+		}
+	})
+}
+
+// writeFigure draws a 12 × 5 inch figure and writes it to path, in the
+// format its extension names.
+func writeFigure(path string, drawOn func(draw.Canvas)) error {
 	const width, height = 12 * vg.Inch, 5 * vg.Inch
 	format := strings.TrimPrefix(strings.ToLower(filepath.Ext(path)), ".")
 	c, err := draw.NewFormattedCanvas(width, height, format)
 	if err != nil {
 		return fmt.Errorf("plot %s: %w (want .svg, .png or .pdf)", path, err)
 	}
-	canvases := plot.Align([][]*plot.Plot{row}, draw.Tiles{Rows: 1, Cols: len(row), PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 2,
-		PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}, draw.New(c))
-	for i, p := range row {
-		p.Draw(canvases[0][i])
-	}
+	drawOn(draw.New(c))
 	f, err := os.Create(path)
 	if err != nil {
 		return err

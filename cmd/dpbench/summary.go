@@ -113,6 +113,9 @@ type Summary struct {
 	SimWallS       float64 `json:"sim_wall_s,omitempty"`
 	// Requests holds every request's timings, with --detail.
 	Requests []Record `json:"requests,omitempty"`
+	// StartedUnixMs is when a live run began sending: its requests'
+	// start_ms count from it (dpbench timeline lines them up with events).
+	StartedUnixMs int64 `json:"started_unix_ms,omitempty"`
 }
 
 // Record is one request's timings, in milliseconds from the run's start.

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Growing and shrinking under load, internal mode, --data-parallel-size
 # auto, two simulated ranks per node (llama-3.1-8b-h100, real-time steps):
-# an API node and one headless node serve a constant-rate load; at 20 s a
-# third node joins, at 40 s a fourth; at 60 s the third leaves (POST
-# /admin/leave), at 80 s the fourth (SIGTERM with --leave-on-terminate).
+# an API node and one headless node serve a constant-rate load for 110 s;
+# at 15 s a third node joins, at 30 s a fourth; at 45 s the third leaves
+# (POST /admin/leave), and 5 s after it has exited the fourth (SIGTERM
+# with --leave-on-terminate). A leave drains first: it lasts as long as
+# the longest request the node holds.
 # For each join, the time from `dpnode join` to the first request served on
 # the new ranks; for each leave, from the request to the node's exit. TTFT
 # per phase against the steady state before the first join, and over time
@@ -87,17 +89,17 @@ for run in $(seq "$REPEATS"); do
     curl -fsS "http://$A:8000/v1/cluster" | grep -q '"data_parallel_size":4' && break
     sleep 0.1
   done
-  "$DPBENCH" --url "http://$A:8000" --rate "$RATE" --requests 100000 --duration 100s --detail --quiet \
+  "$DPBENCH" --url "http://$A:8000" --rate "$RATE" --requests 100000 --duration 110s --detail --quiet \
     --input-max 16384 --output-max 2048 \
     --out "$OUT/elastic-$run.json" >"$OUT/elastic-bench-$run.txt" &
   bench=$!
-  sleep 20
+  sleep 15
   join 127.0.0.73 C
-  sleep $((40 - 20 - 1))
+  sleep 13
   join 127.0.0.74 D --leave-on-terminate
-  sleep 19
+  sleep 13
   leave C http 127.0.0.73
-  sleep 19
+  sleep 5
   leave D sigterm
   wait "$bench"
   "$DPBENCH" timeline "$OUT/elastic-$run.json" --events "$EVENTS" | tee -a "$SUMMARY"
@@ -105,6 +107,8 @@ for run in $(seq "$REPEATS"); do
     "$DPBENCH" timeline "$OUT/elastic-$run.json" --events "$EVENTS" --window 2s \
       --title "TTFT during scale-up (4 -> 6 -> 8 ranks) and scale-down (-> 4), ${RATE} req/s" --out docs/bench/elastic.svg >/dev/null
   fi
-  stop_all
-  sleep 2
+  # The nodes were started in subshells: wait for them by PID.
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do while kill -0 "$p" 2>/dev/null; do sleep 0.1; done; done
+  PIDS=()
 done

@@ -182,7 +182,8 @@ func (c *CoordinatorActor) admits(rank int) bool {
 	if !c.roster.Elastic() {
 		return true
 	}
-	return slices.ContainsFunc(c.roster.Holds, func(h dp.Hold) bool { return rank >= h.Start && rank < h.End() })
+	_, ok := c.roster.Holder(rank)
+	return ok
 }
 
 func (c *CoordinatorActor) startWave(ctx actor.Context, sw *dp.StartWave, trigger int64) {

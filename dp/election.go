@@ -77,13 +77,7 @@ func Elect(members []Member, roster Roster) Election {
 	e.Epoch = uint64(e.Leader.Boot)
 	e.RanksSeen = len(seen)
 	e.Quorum = 2*e.RanksSeen > roster.Size()
-	given := 0
-	for _, h := range roster.Holds {
-		if !h.Joining {
-			given += h.Count
-		}
-	}
-	e.Decides = e.Leader.Name != "" && (e.Quorum || 2*len(held) > given)
+	e.Decides = e.Leader.Name != "" && (e.Quorum || 2*len(held) > roster.Given())
 	return e
 }
 

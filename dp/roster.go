@@ -70,6 +70,12 @@ func (r Roster) Size() int {
 	if !r.Elastic() {
 		return r.Fixed
 	}
+	return r.Given()
+}
+
+// Given counts the ranks the roster gives out to nodes that serve them
+// (joining holds are not counted).
+func (r Roster) Given() int {
 	n := 0
 	for _, h := range r.Holds {
 		if !h.Joining {
@@ -98,7 +104,17 @@ func (r Roster) Has(rank int) bool {
 	if !r.Elastic() {
 		return rank >= 0 && rank < r.Fixed
 	}
-	return slices.ContainsFunc(r.Holds, func(h Hold) bool { return !h.Joining && rank >= h.Start && rank < h.End() })
+	h, ok := r.Holder(rank)
+	return ok && !h.Joining
+}
+
+// Holder returns the hold that gives out rank, joining or not.
+func (r Roster) Holder(rank int) (Hold, bool) {
+	i := slices.IndexFunc(r.Holds, func(h Hold) bool { return rank >= h.Start && rank < h.End() })
+	if i < 0 {
+		return Hold{}, false
+	}
+	return r.Holds[i], true
 }
 
 // Holding returns the node's hold.

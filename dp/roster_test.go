@@ -145,7 +145,7 @@ func TestRosterProperties(t *testing.T) {
 				for s := 0; s < h.Start; s++ {
 					free := true
 					for k := s; k < s+count; k++ {
-						if other, _ := holderOf(r, k); other != "" && other != node {
+						if other, ok := r.Holder(k); ok && other.Node != node {
 							free = false
 						}
 					}
@@ -175,15 +175,6 @@ func TestRosterProperties(t *testing.T) {
 			}
 		}
 	})
-}
-
-func holderOf(r Roster, rank int) (string, bool) {
-	for _, h := range r.Holds {
-		if rank >= h.Start && rank < h.End() {
-			return h.Node, true
-		}
-	}
-	return "", false
 }
 
 func TestNewerOrdersVersionThenEpoch(t *testing.T) {

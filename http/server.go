@@ -238,26 +238,25 @@ func (s *Server) adminOnly(next http.Handler) http.Handler {
 
 // drain starts the node's drain and answers at once: 202.
 func (s *Server) drain(w http.ResponseWriter, _ *http.Request) {
-	if s.cfg.OnDrain == nil {
-		writeError(w, &apiError{Status: http.StatusNotImplemented, Type: "server_error", Message: "this server cannot drain"})
-		return
-	}
-	// Refusing new requests starts here, not when the node gets round to
-	// its drain: a caller that drains and then sends expects the refusal.
-	s.SetDraining()
-	s.cfg.OnDrain()
-	writeJSON(w, http.StatusAccepted, map[string]string{"status": "draining"})
+	s.stopServing(w, s.cfg.OnDrain, "drain", "draining")
 }
 
 // leave starts the node's leave and answers at once: 202.
 func (s *Server) leave(w http.ResponseWriter, _ *http.Request) {
-	if s.cfg.OnLeave == nil {
-		writeError(w, &apiError{Status: http.StatusNotImplemented, Type: "server_error", Message: "this server cannot leave"})
+	s.stopServing(w, s.cfg.OnLeave, "leave", "leaving")
+}
+
+// stopServing refuses new requests, then calls start (the node's drain
+// or leave). Refusing starts here, not when the node gets round to it: a
+// caller that drains and then sends expects the refusal.
+func (s *Server) stopServing(w http.ResponseWriter, start func(), verb, status string) {
+	if start == nil {
+		writeError(w, &apiError{Status: http.StatusNotImplemented, Type: "server_error", Message: "this server cannot " + verb})
 		return
 	}
 	s.SetDraining()
-	s.cfg.OnLeave()
-	writeJSON(w, http.StatusAccepted, map[string]string{"status": "leaving"})
+	start()
+	writeJSON(w, http.StatusAccepted, map[string]string{"status": status})
 }
 
 // decode reads a JSON body of at most MaxBodyBytes into v.

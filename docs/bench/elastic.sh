@@ -24,6 +24,15 @@ node() { # IP ARGS...: starts dpnode on IP, echoes its PID
 }
 headless() { local ip=$1; shift; node "$ip" --headless --host "$ip" --metrics-port 9000 --seeds "$A:7946" "$@"; }
 now_ms() { date +%s%3N; }
+strip_requests() { # FILE: drops the per-request timings from a dpbench result
+  python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+for r in d['runs']:
+    r.pop('requests', None)
+json.dump(d, open(sys.argv[1], 'w'), indent=2)
+print(file=open(sys.argv[1], 'a'))" "$1"
+}
 # served IP RANK...: until a request finished on one of the ranks, as the
 # API node counts them.
 served() {
@@ -106,6 +115,10 @@ for run in $(seq "$REPEATS"); do
   if [ "$run" = 1 ]; then
     "$DPBENCH" timeline "$OUT/elastic-$run.json" --events "$EVENTS" --window 2s \
       --title "TTFT during scale-up (4 -> 6 -> 8 ranks) and scale-down (-> 4), ${RATE} req/s" --out docs/bench/elastic.svg >/dev/null
+  else
+    # Only the plotted run keeps every request's timings: the others'
+    # phases are in the summary.
+    strip_requests "$OUT/elastic-$run.json"
   fi
   # The nodes were started in subshells: wait for them by PID.
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done

@@ -47,6 +47,10 @@ type Metrics struct {
 	// The deployment's size as this node knows it, and its changes.
 	dpSize, rosterVersion prometheus.Gauge
 	scaleUps, scaleDowns  prometheus.Counter
+	// The coordinator this node follows, whether it runs it, and how
+	// often it moved.
+	coordEpoch, coordHere prometheus.Gauge
+	coordFailovers        prometheus.Counter
 	// outcomes maps a rank to its *outcomeSeries.
 	outcomes sync.Map
 }
@@ -116,11 +120,17 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 			Help: "Roster changes this node heard of that grew the deployment (a node joined with new ranks)."}),
 		scaleDowns: prometheus.NewCounter(prometheus.CounterOpts{Name: "dpnode_scale_downs_total",
 			Help: "Roster changes this node heard of that shrank the deployment (a node left and gave its ranks back)."}),
+		coordEpoch: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dpnode_coordinator_epoch",
+			Help: "Epoch of the coordinator this node follows (the boot time of its node, in Unix seconds); 0 while there is none with a quorum."}),
+		coordHere: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dpnode_coordinator_running",
+			Help: "1 while this node runs the cluster's coordinator, else 0."}),
+		coordFailovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "dpnode_coordinator_failovers_total",
+			Help: "Times the coordinator this node follows moved to a new epoch after the first (a failover, or a quorum regained)."}),
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.success, m.promptTokens, m.generation,
 		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.computed, m.executorTime, m.stepTime, m.ttft, m.itl, m.e2e, m.restarts,
 		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.engineFailed, m.parked, m.snapshots, m.nodesFoundGone,
-		m.dpSize, m.rosterVersion, m.scaleUps, m.scaleDowns,
+		m.dpSize, m.rosterVersion, m.scaleUps, m.scaleDowns, m.coordEpoch, m.coordHere, m.coordFailovers,
 		m.waves, m.dummySteps, m.collectiveTimeouts, m.waveDuration, m.balance, m.collectiveWait, m.waveStart)
 	return m
 }

@@ -488,6 +488,8 @@ type nodeActor struct {
 	coordAddr  string
 	coordEpoch uint64
 	coordTold  bool
+	// followed is the last nonzero epoch followed, to count failovers.
+	followed uint64
 	// deposed is the coordinator this node stopped, until it has.
 	deposed *actor.PID
 	// fail reports that the node cannot serve any more.
@@ -878,6 +880,7 @@ func (n *nodeActor) reelect(ctx actor.Context) {
 			n.cfg.Logger.Debug("coordinator not started yet", "error", err)
 		} else {
 			n.coord = pid
+			n.metrics.coordHere.Set(1)
 			n.cfg.Logger.Info("this node runs the coordinator", "epoch", e.Epoch, "ranks_seen", e.RanksSeen)
 		}
 	case !mine && n.coord != nil:
@@ -889,6 +892,7 @@ func (n *nodeActor) reelect(ctx actor.Context) {
 		// on its way out is still its epoch's, and heard.
 		ctx.Poison(n.coord)
 		n.deposed, n.coord = n.coord, nil
+		n.metrics.coordHere.Set(0)
 	}
 	if n.deposed != nil {
 		return
@@ -898,6 +902,13 @@ func (n *nodeActor) reelect(ctx actor.Context) {
 		addr, epoch = n.members[e.Leader.Name].ActorAddress, e.Epoch
 	}
 	if !n.coordTold || addr != n.coordAddr || epoch != n.coordEpoch {
+		if epoch != 0 && n.followed != 0 && epoch != n.followed {
+			n.metrics.coordFailovers.Inc()
+		}
+		if epoch != 0 {
+			n.followed = epoch
+		}
+		n.metrics.coordEpoch.Set(float64(epoch) / 1e9)
 		n.coordTold, n.coordAddr, n.coordEpoch = true, addr, epoch
 		ctx.Send(n.api, &dpnodev1.CoordinatorChanged{ActorAddress: addr, Epoch: epoch})
 	}

@@ -177,6 +177,17 @@ func TestCoordinatorNodeKilled(t *testing.T) {
 	if got := b.metric("dpnode_nodes_found_gone_total", nil); got != 1 {
 		t.Errorf("dpnode_nodes_found_gone_total = %v, want 1", got)
 	}
+	// The survivor followed A's coordinator, then runs its own: one
+	// failover, and the epoch it reports is its own boot's.
+	if got := b.metric("dpnode_coordinator_failovers_total", nil); got != 1 {
+		t.Errorf("dpnode_coordinator_failovers_total = %v, want 1", got)
+	}
+	if got := b.metric("dpnode_coordinator_running", nil); got != 1 {
+		t.Errorf("dpnode_coordinator_running = %v on the survivor, want 1", got)
+	}
+	if got, want := b.metric("dpnode_coordinator_epoch", nil), float64(after.Coordinator.Epoch)/1e9; got != want {
+		t.Errorf("dpnode_coordinator_epoch = %v, want %v", got, want)
+	}
 	t.Logf("coordinator failover: killed -> found gone %v, -> new coordinator %v (observed over HTTP after %v); epoch %d -> %d; %d requests served meanwhile",
 		declared.Sub(killed).Round(time.Millisecond), started.Sub(killed).Round(time.Millisecond), failover.Round(time.Millisecond),
 		before.Coordinator.Epoch, after.Coordinator.Epoch, sent)

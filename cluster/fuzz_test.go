@@ -146,7 +146,7 @@ func FuzzGossipMeta(f *testing.F) {
 		},
 		OnConflict: func(error) {}}, nil, 4)
 	// This node's own gossip address.
-	d.selfAddr = "127.0.0.1:7946"
+	d.setAddr("127.0.0.1:7946")
 	taken := func() []*actors.MemberEvent {
 		mu.Lock()
 		defer mu.Unlock()

@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"math/rand/v2"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -30,8 +33,15 @@ type MembershipConfig struct {
 	// Advertise is the host[:port] other nodes reach this one at; empty
 	// lets memberlist choose from the bind address and the interfaces.
 	Advertise string
-	// Seeds are members to join; none starts a new cluster.
+	// Seeds are members to join (host:port; a host name seeds from every
+	// address it resolves to); none starts a new cluster.
 	Seeds []string
+	// Resolver looks up the host names among Seeds; nil is the system's.
+	Resolver Resolver
+	// Founder starts a new cluster when none of its seeds answers. The
+	// others keep trying, with backoff, for JoinTimeout; zero tries once.
+	Founder     bool
+	JoinTimeout time.Duration
 	// SecretKey encrypts gossip (16, 24 or 32 bytes); nil leaves it clear.
 	SecretKey []byte
 	// Profile picks memberlist's timings: "lan" (the default) or "local"
@@ -133,18 +143,102 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	d.mu.Lock()
 	d.list = list
 	d.mu.Unlock()
-	d.selfAddr = list.LocalNode().Address()
+	d.setAddr(list.LocalNode().Address())
 	m := &Membership{list: list, d: d}
 	if len(cfg.Seeds) > 0 {
-		if _, err := list.Join(cfg.Seeds); err != nil {
+		if err := m.join(cfg); err != nil {
 			list.Shutdown()
-			if c := d.refused(); c != nil {
-				return nil, c
-			}
-			return nil, fmt.Errorf("cluster: could not join any of --seeds %v: %w", cfg.Seeds, err)
+			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// Resolver looks up a host name's addresses; *net.Resolver is one.
+type Resolver interface {
+	LookupHost(ctx context.Context, host string) ([]string, error)
+}
+
+// Join backoff: pods of a StatefulSet start together, and a seed's
+// address resolves before its gossip port opens.
+const (
+	joinBackoffFirst = 250 * time.Millisecond
+	joinBackoffMax   = 5 * time.Second
+	lookupTimeout    = 5 * time.Second
+)
+
+// join joins the seeds, resolving them afresh on each try: a headless
+// Service's name gains addresses as pods start. The founder starts the
+// cluster if none answers at once; the others wait for one to, so that
+// nodes started together form one cluster, never several.
+func (m *Membership) join(cfg MembershipConfig) error {
+	resolver := cfg.Resolver
+	if resolver == nil {
+		resolver = net.DefaultResolver
+	}
+	self := m.list.LocalNode()
+	deadline := time.Now().Add(cfg.JoinTimeout)
+	wait := joinBackoffFirst
+	for attempt := 1; ; attempt++ {
+		addrs, err := seedAddresses(resolver, cfg.Seeds, int(self.Port), net.JoinHostPort(self.Addr.String(), strconv.Itoa(int(self.Port))))
+		if len(addrs) > 0 {
+			_, joinErr := m.list.Join(addrs)
+			if joinErr == nil {
+				return nil
+			}
+			if c := m.d.refused(); c != nil {
+				return c
+			}
+			err = errors.Join(err, joinErr)
+		}
+		if cfg.Founder {
+			cfg.Logger.Info("none of the seeds answers: this node starts the cluster", "seeds", cfg.Seeds, "error", err)
+			return nil
+		}
+		if !time.Now().Add(wait).Before(deadline) {
+			return fmt.Errorf("cluster: could not join any of --seeds %v in %d tries over %v (raise --join-timeout, or name this node the cluster's --founder): %w",
+				cfg.Seeds, attempt, cfg.JoinTimeout, err)
+		}
+		cfg.Logger.Info("waiting for a seed to answer", "seeds", cfg.Seeds, "try", attempt, "retry_in", wait, "error", err)
+		// Jitter, so that nodes started together do not retry together.
+		time.Sleep(wait/2 + rand.N(wait/2))
+		wait = min(2*wait, joinBackoffMax)
+	}
+}
+
+// seedAddresses turns the seeds into the addresses to join: every address
+// a host name resolves to, without this node's own (self), in order and
+// without repeats. It errs only when there is none.
+func seedAddresses(r Resolver, seeds []string, defaultPort int, self string) ([]string, error) {
+	var addrs []string
+	var errs []error
+	for _, seed := range seeds {
+		host, port, err := splitHostPort(seed, defaultPort)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("seed %q: %w", seed, err))
+			continue
+		}
+		ips := []string{host}
+		if net.ParseIP(host) == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
+			ips, err = r.LookupHost(ctx, host)
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("seed %q: %w", seed, err))
+				continue
+			}
+		}
+		for _, ip := range ips {
+			a := net.JoinHostPort(ip, strconv.Itoa(port))
+			if a != self && !slices.Contains(addrs, a) {
+				addrs = append(addrs, a)
+			}
+		}
+	}
+	if len(addrs) == 0 && len(errs) == 0 {
+		errs = append(errs, errors.New("the seeds name only this node"))
+	}
+	return addrs, errors.Join(errs...)
 }
 
 // detectFailures sets how fast gossip declares a silent member dead: a
@@ -184,7 +278,7 @@ func (m *Membership) SetMeta(meta *dpnodev1.NodeMeta) error {
 
 // Key is the node's identity in the roster: its gossip address, the same
 // across restarts.
-func (m *Membership) Key() string { return m.d.selfAddr }
+func (m *Membership) Key() string { return m.d.addr() }
 
 // Attach hands gossip over to the running node: the membership changes
 // seen since the join, then every later one, and the newest roster.
@@ -273,6 +367,7 @@ func (m *Membership) Claim(ctx context.Context, c dp.Claim, founder bool) (dp.Ho
 				}
 				next, _ = next.Commit(c.Node, next.Epoch)
 				next.Version = 1
+				m.d.cfg.Logger.Info("no roster yet: this node founds the deployment", "ranks", next.Holds[0].String())
 				m.d.adopt(next)
 			}
 			return dp.Hold{}, false, nil
@@ -373,8 +468,10 @@ func (m *Membership) Leave(timeout time.Duration) {
 // memberlist's goroutines: they decide from immutable data and hand
 // events on without blocking.
 type delegate struct {
-	cfg      MembershipConfig
-	selfAddr string
+	cfg MembershipConfig
+	// selfAddr is this node's gossip address, known once memberlist runs,
+	// which is when peers may already be joining it.
+	selfAddr atomic.Pointer[string]
 	queue    *memberlist.TransmitLimitedQueue
 
 	mu      sync.Mutex
@@ -475,7 +572,7 @@ func (d *delegate) receive(b []byte) {
 			onClaim(dp.Claim{Node: c.Node, Start: int(c.StartRank), Count: int(c.Count), Experts: int(c.Experts)}, c.Release)
 		}
 	case *dpnodev1.GossipMessage_Refused:
-		if body.Refused.Node != d.selfAddr {
+		if body.Refused.Node != d.addr() {
 			return
 		}
 		d.mu.Lock()
@@ -540,13 +637,23 @@ func decodeMeta(n *memberlist.Node, size uint32) (*dpnodev1.NodeMeta, error) {
 	return &m, nil
 }
 
+func (d *delegate) setAddr(a string) { d.selfAddr.Store(&a) }
+
+// addr is this node's gossip address; empty until memberlist runs.
+func (d *delegate) addr() string {
+	if a := d.selfAddr.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
+
 // conflict says why peer cannot be this node's peer: it serves something
 // else (mismatch), or it hosts one of this node's ranks, and then
 // rankTaken is true and meta is the peer's. A peer at this node's own
 // gossip address is its previous incarnation, not a rival: a node
 // restarted after a crash takes its ranks back.
 func (d *delegate) conflict(peer *memberlist.Node) (meta *dpnodev1.NodeMeta, rankTaken bool, err error) {
-	if peer.Name == d.cfg.Name || peer.Address() == d.selfAddr {
+	if peer.Name == d.cfg.Name || peer.Address() == d.addr() {
 		return nil, false, nil
 	}
 	meta, err = decodeMeta(peer, d.cfg.Meta.DataParallelSize)

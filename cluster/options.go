@@ -44,8 +44,17 @@ type Options struct {
 	ExternalLB       bool
 	Headless         bool
 
-	// Seeds are members to join; none starts a new cluster.
+	// Seeds are members to join (host:port; a host name seeds from every
+	// address it resolves to); none starts a new cluster.
 	Seeds []string
+	// Founder says which node, among nodes with seeds, starts the cluster
+	// when none of its seeds answers: FirstOrdinal, or a host name. The
+	// others wait for a seed, up to JoinTimeout.
+	Founder string
+	// Hostname is this machine's host name (a pod's name in Kubernetes).
+	Hostname string
+	// Resolver looks up the seeds' host names; nil is the system's.
+	Resolver Resolver
 	// Bind is the gossip address (host:port); its host is also where the
 	// actor transport listens.
 	Bind string
@@ -137,8 +146,9 @@ type Options struct {
 	// shrinks. Without it SIGTERM drains and the ranks stay the node's,
 	// to take back when it restarts (a rolling update).
 	LeaveOnTerminate bool
-	// JoinTimeout bounds how long a node whose ranks are given out waits
-	// for the coordinator to give them.
+	// JoinTimeout bounds how long a node waits for one of its seeds to
+	// answer, and then, if its ranks are given out, for the coordinator to
+	// give them.
 	JoinTimeout time.Duration
 
 	// Profiles holds the built-in simulated profiles.
@@ -526,4 +536,24 @@ func (o Options) bindsLoopback() bool {
 	host, _, _ := splitHostPort(o.Bind, 7946)
 	ip := net.ParseIP(host)
 	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// FirstOrdinal names a StatefulSet's first pod as the founder: the host
+// whose name ends in -0.
+const FirstOrdinal = "first-ordinal"
+
+// founds reports whether this node starts the cluster when none of its
+// seeds answers. A node without seeds always starts one.
+func (o Options) founds() bool {
+	switch {
+	case len(o.Seeds) == 0:
+		return true
+	case o.Founder == FirstOrdinal:
+		return strings.HasSuffix(o.Hostname, "-0")
+	case o.Founder == "":
+		return false
+	}
+	// A pod's host name is short; a machine's may be fully qualified.
+	short, _, _ := strings.Cut(o.Hostname, ".")
+	return o.Founder == o.Hostname || o.Founder == short
 }

@@ -129,3 +129,25 @@ func TestLlamaCppWithoutTheWorkerSaysHowToGetIt(t *testing.T) {
 		t.Fatalf("error %v; want a flag error that says to run make llamacpp", err)
 	}
 }
+
+func TestFounderRule(t *testing.T) {
+	for _, tc := range []struct {
+		seeds    []string
+		founder  string
+		hostname string
+		want     bool
+	}{
+		{nil, "", "gpu-7", true},
+		{[]string{"a:7946"}, "", "gpu-0", false},
+		{[]string{"dpnode:7946"}, FirstOrdinal, "dpnode-0", true},
+		{[]string{"dpnode:7946"}, FirstOrdinal, "dpnode-10", false},
+		{[]string{"dpnode:7946"}, FirstOrdinal, "dpnode-1", false},
+		{[]string{"a:7946"}, "gpu-3", "gpu-3.example.internal", true},
+		{[]string{"a:7946"}, "gpu-3", "gpu-30", false},
+	} {
+		o := Options{Seeds: tc.seeds, Founder: tc.founder, Hostname: tc.hostname}
+		if got := o.founds(); got != tc.want {
+			t.Errorf("--seeds %v --founder %q on host %q: founds %v, want %v", tc.seeds, tc.founder, tc.hostname, got, tc.want)
+		}
+	}
+}

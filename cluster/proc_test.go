@@ -129,8 +129,15 @@ func startProc(t testing.TB, ip string, args ...string) *proc {
 
 func launch(t testing.TB, ip string, args ...string) (*proc, error) {
 	t.Helper()
+	p := spawn(t, ip, dpnodeBin, args...)
+	return p, p.serving()
+}
+
+// spawn starts a node's process, argv[0] being dpnode or what execs it.
+func spawn(t testing.TB, ip, name string, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, ip: ip, logs: &logBuffer{added: make(chan struct{}, 1)}, done: make(chan struct{})}
-	p.cmd = exec.Command(dpnodeBin, args...)
+	p.cmd = exec.Command(name, args...)
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +160,12 @@ func launch(t testing.TB, ip string, args ...string) (*proc, error) {
 			t.Logf("log of dpnode on %s:\n%s", ip, p.logs)
 		}
 	})
+	return p
+}
+
+// serving waits until the node serves, and reads its URL and name from
+// its log.
+func (p *proc) serving() error {
 	serving := regexp.MustCompile(`msg="dpnode serving" url=("[^"]*"|\S+) metrics_url=(\S+) node=(\S+)`)
 	deadline := time.After(30 * time.Second)
 	for {
@@ -166,14 +179,14 @@ func launch(t testing.TB, ip string, args ...string) (*proc, error) {
 				p.url = m[2]
 			}
 			p.name = m[3]
-			return p, nil
+			return nil
 		}
 		select {
 		case <-p.done:
-			return p, fmt.Errorf("exited: %v", p.err)
+			return fmt.Errorf("exited: %v", p.err)
 		case <-p.logs.added:
 		case <-deadline:
-			return p, fmt.Errorf("no serving line within 30s")
+			return fmt.Errorf("no serving line within 30s")
 		}
 	}
 }

@@ -112,9 +112,11 @@ func Start(o Options) (*Running, error) {
 		}
 	}
 
-	hostname, _ := os.Hostname()
+	if o.Hostname == "" {
+		o.Hostname, _ = os.Hostname()
+	}
 	cfg := actors.DefaultNodeConfig()
-	cfg.Name = nodeName(hostname, transport)
+	cfg.Name = nodeName(o.Hostname, transport)
 	cfg.Model = p.served
 	cfg.Topology = topo
 	cfg.ExpertParallel = o.ExpertParallel
@@ -124,9 +126,14 @@ func Start(o Options) (*Running, error) {
 		Bind:      o.Bind,
 		Advertise: o.Advertise,
 		Seeds:     o.Seeds,
-		SecretKey: p.gossipKey,
-		Profile:   o.GossipProfile,
-		Logger:    o.Logger,
+		Resolver:  o.Resolver,
+		Founder:   o.founds(),
+		// The join waits for a seed up to JoinTimeout; the claim that
+		// follows has its own.
+		JoinTimeout: o.JoinTimeout,
+		SecretKey:   p.gossipKey,
+		Profile:     o.GossipProfile,
+		Logger:      o.Logger,
 	}
 	if (topo.AutoStart || topo.Elastic) && topo.LocalSize > 0 {
 		// The coordinator gives the node its ranks: it joins gossip
@@ -142,7 +149,7 @@ func Start(o Options) (*Running, error) {
 		}
 		o.Logger.Info("joined; asking the coordinator for ranks", "ranks", topo.LocalSize, "gossip", r.membership.Address())
 		ctx, cancel := context.WithTimeout(context.Background(), o.JoinTimeout)
-		hold, err := r.membership.Claim(ctx, dp.Claim{Start: start, Count: topo.LocalSize, Experts: p.experts}, len(o.Seeds) == 0)
+		hold, err := r.membership.Claim(ctx, dp.Claim{Start: start, Count: topo.LocalSize, Experts: p.experts}, mcfg.Founder)
 		cancel()
 		if err != nil {
 			r.membership.Leave(time.Second)
@@ -214,7 +221,7 @@ func Start(o Options) (*Running, error) {
 		}
 		cfg.Remote = transport
 		if r.membership == nil {
-			cfg.Name = nodeName(hostname, transport)
+			cfg.Name = nodeName(o.Hostname, transport)
 		}
 	}
 	if err != nil {

@@ -1,0 +1,97 @@
+package cluster_test
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/dpnode/dpnode/cluster"
+)
+
+// spawnPod starts dpnode as a StatefulSet's pod: in its own UTS and mount
+// namespaces, with the pod's host name, and a hosts file in which the
+// headless Service's name resolves to every pod. It does not wait for
+// the node to serve.
+func spawnPod(t *testing.T, ip, host, hosts string, args ...string) *proc {
+	t.Helper()
+	const script = `mount --bind "$1" /etc/hosts && hostname "$2" && shift 2 && exec "$@"`
+	return spawn(t, ip, "unshare", append([]string{"--uts", "--mount", "sh", "-c", script, "sh", hosts, host, dpnodeBin}, args...)...)
+}
+
+// TestPodsStartInAnyOrder starts three nodes as Kubernetes starts a
+// StatefulSet's pods (in parallel, in any order), each with the same
+// flags: its seeds the headless Service's name, its ranks given out, and
+// the first ordinal the founder. The other pods come up first: they find
+// no seed, retry, find each other, and wait for ranks; the founder joins
+// them, starts the roster and gives them ranks. Restarted, the founder
+// joins the cluster that runs rather than founding another.
+func TestPodsStartInAnyOrder(t *testing.T) {
+	if err := exec.Command("unshare", "--uts", "--mount", "true").Run(); err != nil {
+		t.Skipf("needs new UTS and mount namespaces (root): %v", err)
+	}
+	ips := []string{"127.0.0.81", "127.0.0.82", "127.0.0.83"}
+	hosts := filepath.Join(t.TempDir(), "hosts")
+	table := "127.0.0.1 localhost\n"
+	for i, ip := range ips {
+		table += fmt.Sprintf("%s dpnode-%d.dpnode dpnode\n", ip, i)
+	}
+	if err := os.WriteFile(hosts, []byte(table), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(i int) *proc {
+		return spawnPod(t, ips[i], fmt.Sprintf("dpnode-%d", i), hosts, nodeArgs(ips[i], "--host", ips[i], "--port", "0",
+			"--seeds", "dpnode:7946", "--founder", cluster.FirstOrdinal, "--join-timeout", "2m",
+			"--data-parallel-size", "6", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "auto")...)
+	}
+	p1 := pod(1)
+	p1.waitLog(`msg="waiting for a seed to answer"`, 30*time.Second)
+	p2 := pod(2)
+	// The two find each other by the name, and wait for ranks together.
+	for _, p := range []*proc{p1, p2} {
+		p.waitLog(`msg="joined; asking the coordinator for ranks"`, 30*time.Second)
+	}
+	p0 := pod(0)
+	for _, p := range []*proc{p0, p1, p2} {
+		if err := p.serving(); err != nil {
+			t.Fatalf("the pod on %s: %v\n%s", p.ip, err, p.logs)
+		}
+	}
+	p0.waitLog(`msg="no roster yet: this node founds the deployment"`, time.Second)
+	v := p0.waitView("every pod holds two ranks", 30*time.Second, func(v clusterView) bool {
+		return len(v.Nodes) == 3 && len(v.Roster.Holds) == 3 && len(v.Ranks) == 6
+	})
+	for _, r := range v.Ranks {
+		if r.Node == p0.name && r.Rank > 1 {
+			t.Errorf("the founder serves rank %d; it takes the first ranks, 0 and 1: %+v", r.Rank, v.Ranks)
+		}
+	}
+	if failed, err := burst(p1.url, 12, 3); failed > 0 {
+		t.Fatalf("%d requests failed; first: %v", failed, err)
+	}
+
+	// The founder's pod restarts (same name, same address) while the
+	// others run: it joins them and serves its ranks again.
+	p0.kill()
+	p0 = pod(0)
+	if err := p0.serving(); err != nil {
+		t.Fatalf("the restarted founder: %v\n%s", err, p0.logs)
+	}
+	p1.waitView("one cluster of three pods, the founder back on ranks 0 and 1", 30*time.Second, func(v clusterView) bool {
+		if len(v.Nodes) != 3 || len(v.Ranks) != 6 {
+			return false
+		}
+		for _, r := range v.Ranks {
+			if (r.Rank < 2) != (r.Node == p0.name) || !r.Ready {
+				return false
+			}
+		}
+		return true
+	})
+	if line, _ := p0.logs.find(regexp.MustCompile(`this node starts the cluster|this node founds the deployment`), 0); line != "" {
+		t.Fatalf("the restarted founder founded again: %s", line)
+	}
+}

@@ -614,7 +614,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 // move sends the calls of a rank that lost its engine to other ranks:
 // re-dispatched if they had no output yet, migrated with their tokens so
 // far if they had.
-func (a *APIServerActor) move(ctx actor.Context, r *rankState) int {
+func (a *APIServerActor) move(ctx actor.Context, r *rankState, why string) int {
 	var moved []*call
 	for _, c := range a.calls {
 		if c.rank == r {
@@ -623,32 +623,47 @@ func (a *APIServerActor) move(ctx actor.Context, r *rankState) int {
 	}
 	// Oldest first, so that the re-dispatch keeps arrival order.
 	slices.SortFunc(moved, func(x, y *call) int { return x.sub.Arrival.Compare(y.sub.Arrival) })
+	var counts [3]int
 	for _, c := range moved {
-		a.moveCall(ctx, c)
+		counts[a.moveCall(ctx, c)]++
+	}
+	if len(moved) > 0 {
+		a.cfg.Metrics.events.add(EventMoved, r.node, r.rank, fmt.Sprintf("%d requests moved off rank %d (%s): %d migrated with their tokens, %d sent again, %d failed",
+			len(moved), r.rank, why, counts[migrated], counts[redispatched], counts[moveFailed]))
 	}
 	return len(moved)
 }
 
+// What became of a moved call.
+const (
+	moveFailed = iota
+	redispatched
+	migrated
+)
+
 // moveCall sends a call whose engine lost it elsewhere: again from the
 // start if it had no output, or migrated with its tokens so far.
-func (a *APIServerActor) moveCall(ctx actor.Context, c *call) {
+func (a *APIServerActor) moveCall(ctx actor.Context, c *call) int {
 	r := c.rank
 	a.release(c)
 	c.moves++
 	switch {
 	case c.moves > a.cfg.MaxMigrations:
 		a.fail(c, fmt.Errorf("%w: %d crashes", ErrTooManyRestarts, c.moves), "too_many_restarts")
-		return
+		return moveFailed
 	case len(c.output) > 0 && !a.cfg.Migration:
 		a.fail(c, fmt.Errorf("%w (rank %d, after %d tokens)", ErrEngineLost, r.rank, len(c.output)), "engine_lost")
-		return
+		return moveFailed
 	}
+	outcome := redispatched
 	if len(c.output) == 0 {
 		r.metrics.redispatched.Inc()
 	} else {
 		r.metrics.migrated.Inc()
+		outcome = migrated
 	}
 	a.dispatch(ctx, c)
+	return outcome
 }
 
 // reconcileInterval is how often an API server checks that the engines it

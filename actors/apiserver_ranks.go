@@ -161,7 +161,8 @@ func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 		r.failed = true
 		r.metrics.failed.Set(1)
 		a.tellSubscribers(ctx, r)
-		moved := a.move(ctx, r)
+		moved := a.move(ctx, r, "its engine crashed too often")
+		a.cfg.Metrics.events.add(EventRankFailed, r.node, r.rank, fmt.Sprintf("crashed %d times in %v; out of service (last: %v)", len(r.crashes), a.cfg.Restart.Window, msg.reason))
 		a.cfg.Logger.Error("engine crashed too often; the rank is stopped and out of service",
 			"rank", r.rank, "crashes", len(r.crashes), "window", a.cfg.Restart.Window, "reason", fmt.Sprint(msg.reason), "requests_moved", moved)
 		a.failPinned(r)
@@ -170,7 +171,8 @@ func (a *APIServerActor) engineFailed(ctx actor.Context, msg *engineFailed) {
 	}
 	delay := a.cfg.Restart.delay(len(r.crashes))
 	a.tellSubscribers(ctx, r)
-	moved := a.move(ctx, r)
+	moved := a.move(ctx, r, "its engine crashed")
+	a.cfg.Metrics.events.add(EventRestart, r.node, r.rank, fmt.Sprintf("engine crashed (%v); restarting in %v", msg.reason, delay.Round(time.Millisecond)))
 	a.cfg.Logger.Error("engine crashed; restarting it and moving its requests",
 		"rank", r.rank, "reason", fmt.Sprint(msg.reason), "requests", moved, "restart_in", delay)
 	if r.timer != nil {
@@ -242,7 +244,7 @@ func (a *APIServerActor) groupStatus(ctx actor.Context, msg *groupStatus) {
 			ids = append(ids, id)
 		}
 	}
-	if n := a.move(ctx, r); n > 0 {
+	if n := a.move(ctx, r, "it left the expert-parallel group"); n > 0 {
 		ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: ids})
 		a.cfg.Logger.Warn("a rank left the expert-parallel group; moved its requests", "rank", r.rank, "requests", n)
 	}
@@ -380,7 +382,7 @@ func (a *APIServerActor) remoteStatuses(ctx actor.Context, from *actor.PID, stat
 		if replaced {
 			r.stats = nil
 			a.forgetRank(rank)
-			if n := a.move(ctx, r); n > 0 {
+			if n := a.move(ctx, r, "its engine was replaced"); n > 0 {
 				a.cfg.Logger.Warn("a remote engine was replaced; moved its requests", "rank", rank, "node", node, "requests", n)
 			}
 		}
@@ -479,7 +481,7 @@ func (a *APIServerActor) nodeGone(ctx actor.Context, name string) {
 	for _, r := range a.ranks {
 		if !r.local && r.node == name {
 			r.ready, r.stats = false, nil
-			if n := a.move(ctx, r); n > 0 {
+			if n := a.move(ctx, r, "its node left"); n > 0 {
 				a.cfg.Logger.Warn("a node left; moved the requests on its ranks", "node", name, "rank", r.rank, "requests", n)
 			}
 		}
@@ -505,7 +507,7 @@ func (a *APIServerActor) terminated(ctx actor.Context, who *actor.PID) {
 			r.ready, r.stats = false, nil
 			r.metrics.ready.Set(0)
 			a.tellSubscribers(ctx, r)
-			n := a.move(ctx, r)
+			n := a.move(ctx, r, "its engine stopped")
 			a.cfg.Logger.Error("an engine stopped; its rank is out of service", "rank", r.rank, "requests_moved", n)
 			return
 		}

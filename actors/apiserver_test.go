@@ -187,6 +187,11 @@ func TestRankThatCrashesTooOftenIsStopped(t *testing.T) {
 	if metricSum(t, tn.reg, "dpnode_engine_failed", 0) != 1 {
 		t.Fatal("dpnode_engine_failed is not set for rank 0")
 	}
+	// The cluster page's events: each crash that restarted it, then the
+	// stop.
+	if got := eventKinds(v.Events, 0); !slices.Equal(got, []string{EventRestart, EventRestart, EventRankFailed}) {
+		t.Fatalf("rank 0's events: %v; want two restarts, then rank_failed", got)
+	}
 	for _, r := range tn.runBurst(t, 10, 3) {
 		if r.err != nil || r.ranks[0] != 1 {
 			t.Fatalf("with rank 0 failed, a request: %v on %v; want rank 1", r.err, r.ranks)
@@ -373,4 +378,16 @@ func TestLostSubscriptionIsSentAgain(t *testing.T) {
 	case <-time.After(4 * hostRetryInterval):
 		t.Fatalf("the subscription was sent %d times in %v; want it again after the first was lost", seen.Load(), 4*hostRetryInterval)
 	}
+}
+
+// eventKinds lists the kinds of the events about rank, in order; moves
+// are left out (whether a crash had requests to move depends on timing).
+func eventKinds(events []ClusterEvent, rank int) []string {
+	var kinds []string
+	for _, e := range events {
+		if e.Rank == rank && e.Kind != EventMoved {
+			kinds = append(kinds, e.Kind)
+		}
+	}
+	return kinds
 }

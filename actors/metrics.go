@@ -53,6 +53,9 @@ type Metrics struct {
 	coordFailovers        prometheus.Counter
 	// outcomes maps a rank to its *outcomeSeries.
 	outcomes sync.Map
+	// events are the recent ones behind the counters, for the cluster
+	// page: a counter says how many, an event says which and when.
+	events eventLog
 }
 
 // NewMetrics registers a node's series on reg.

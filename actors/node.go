@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -671,12 +672,18 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 		if n.gone[ev.Name] != nil {
 			return
 		}
+		if _, known := n.members[ev.Name]; !known {
+			n.metrics.events.add(EventNodeJoined, ev.Name, -1, fmt.Sprintf("ranks %s", metaRanks(ev.Meta)))
+		}
 		n.members[ev.Name] = ev.Meta
 		n.keys[ev.Name] = ev.Key
 		ctx.Send(n.api, &nodeUp{name: ev.Name, meta: ev.Meta})
 		n.commitJoining(ctx, ev.Key, ev.Meta)
 	case MemberLeft:
 		delete(n.gone, ev.Name)
+		if m, known := n.members[ev.Name]; known {
+			n.metrics.events.add(EventNodeLeft, ev.Name, -1, fmt.Sprintf("ranks %s", metaRanks(m)))
+		}
 		n.memberGone(ctx, ev.Name, true)
 		delete(n.keys, ev.Name)
 		n.dropJoining(ctx, ev.Key)
@@ -828,6 +835,7 @@ func (n *nodeActor) peerGone(ctx actor.Context, msg *peerGone) {
 	n.cfg.Logger.Warn("a node's process is gone: its actor port refuses connections; not waiting for gossip",
 		"node", msg.name, "address", msg.address, "error", msg.err)
 	n.metrics.nodesFoundGone.Inc()
+	n.metrics.events.add(EventNodeGone, msg.name, -1, "its actor port refuses connections: the process is gone")
 	n.gone[msg.name] = m
 	// Not cut: the transport lost its connection to it already (that is
 	// what set the probe off), and a new incarnation at the address may
@@ -905,6 +913,12 @@ func (n *nodeActor) reelect(ctx actor.Context) {
 		if epoch != 0 && n.followed != 0 && epoch != n.followed {
 			n.metrics.coordFailovers.Inc()
 		}
+		switch {
+		case epoch != 0:
+			n.metrics.events.add(EventCoordinator, e.Leader.Name, -1, fmt.Sprintf("coordinates (epoch %d)", epoch))
+		case n.coordTold:
+			n.metrics.events.add(EventCoordinator, "", -1, fmt.Sprintf("no coordinator: this node sees %d of %d ranks, no majority", e.RanksSeen, n.known.Size()))
+		}
 		if epoch != 0 {
 			n.followed = epoch
 		}
@@ -979,6 +993,7 @@ func (n *nodeActor) adoptRoster(ctx actor.Context) {
 			n.changes = n.changes[len(n.changes)-maxSizeChanges:]
 		}
 		n.cfg.Logger.Info("the deployment's size changed", "from", from, "to", to, "roster_version", r.Version)
+		n.metrics.events.add(EventSize, "", -1, fmt.Sprintf("%d ranks to %d (roster version %d)", from, to, r.Version))
 	}
 	ctx.Send(n.api, &rosterUpdate{roster: r})
 	if n.coord != nil {
@@ -1122,4 +1137,15 @@ func (h minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
 
 func (h minLevel) WithGroup(name string) slog.Handler {
 	return minLevel{h.Handler.WithGroup(name), h.level}
+}
+
+// metaRanks names a member's ranks for an event.
+func metaRanks(m *dpnodev1.NodeMeta) string {
+	switch m.LocalSize {
+	case 0:
+		return "none (an API server only)"
+	case 1:
+		return strconv.Itoa(int(m.StartRank))
+	}
+	return fmt.Sprintf("%d-%d", m.StartRank, m.StartRank+m.LocalSize-1)
 }

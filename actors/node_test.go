@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -275,6 +276,22 @@ func engineCrashMovesRequests(t *testing.T, whole bool) {
 	// metric's only.
 	if restarts != 1 || migrated == 0 || (!whole && moved == 0) {
 		t.Fatalf("restarts %v, migrated %v, streams that changed rank %d; want one restart and migrations", restarts, migrated, moved)
+	}
+	v, err := tn.View(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var restartsSeen, movesSeen int
+	for _, e := range v.Events {
+		switch {
+		case e.Kind == EventRestart && e.Rank == 0:
+			restartsSeen++
+		case e.Kind == EventMoved && e.Rank == 0 && strings.Contains(e.Detail, fmt.Sprintf("%v migrated with their tokens", migrated)):
+			movesSeen++
+		}
+	}
+	if restartsSeen != 1 || movesSeen != 1 {
+		t.Fatalf("events %+v; want rank 0's restart, and one move naming the %v migrated requests", v.Events, migrated)
 	}
 	// The restarted engine serves again.
 	for _, r := range tn.runBurst(t, 20, 3) {

@@ -49,6 +49,8 @@ type NodeView struct {
 	Headless     bool      `json:"headless"`
 	FirstRank    int       `json:"first_rank"`
 	LocalRanks   int       `json:"local_ranks"`
+	// Draining: the node finishes what it has and takes nothing new.
+	Draining bool `json:"draining"`
 }
 
 // CoordinatorView says where the coordinator runs, as this node sees it.
@@ -83,6 +85,8 @@ type ClusterView struct {
 	Coordinator      CoordinatorView `json:"coordinator"`
 	Parked           int             `json:"parked_requests"`
 	InFlight         int             `json:"in_flight_requests"`
+	// Events are what this node saw happen lately, oldest first.
+	Events []ClusterEvent `json:"events"`
 }
 
 // SizeView is the deployment's size as cluster state: the roster's
@@ -154,14 +158,14 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 	topo := n.cfg.Topology
 	v := &ClusterView{Self: n.cfg.Name, Model: n.cfg.Model, Mode: topo.Mode.String(), DataParallelSize: mv.roster.Size(),
 		Size:  SizeView{Elastic: mv.roster.Elastic(), Version: mv.roster.Version, Changes: mv.changes},
-		Ranks: av.ranks, Parked: av.parked, InFlight: av.inFlight}
+		Ranks: av.ranks, Parked: av.parked, InFlight: av.inFlight, Events: n.metrics.events.recent()}
 	for _, h := range mv.roster.Holds {
 		v.Size.Holds = append(v.Size.Holds, HoldView{Node: h.Node, FirstRank: h.Start, Ranks: h.Count})
 	}
 	owner := map[int]string{}
 	for name, m := range mv.members {
 		v.Nodes = append(v.Nodes, NodeView{Name: name, Self: name == n.cfg.Name, ActorAddress: m.ActorAddress, HTTPAddress: m.HttpAddress,
-			BootTime: time.Unix(0, m.BootUnixNano), Mode: m.Mode, Headless: m.Headless, FirstRank: int(m.StartRank), LocalRanks: int(m.LocalSize)})
+			BootTime: time.Unix(0, m.BootUnixNano), Mode: m.Mode, Headless: m.Headless, FirstRank: int(m.StartRank), LocalRanks: int(m.LocalSize), Draining: m.Draining})
 		for r := int(m.StartRank); r < int(m.StartRank+m.LocalSize); r++ {
 			owner[r] = name
 		}

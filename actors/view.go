@@ -200,6 +200,13 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 			v.Ranks = append(v.Ranks, RankView{Rank: r, Node: name})
 		}
 	}
+	// The deployment's ranks that no member serves: their node died, or
+	// has not joined yet.
+	for r := range mv.roster.Span() {
+		if mv.roster.Has(r) && !slices.ContainsFunc(v.Ranks, func(rv RankView) bool { return rv.Rank == r }) {
+			v.Ranks = append(v.Ranks, RankView{Rank: r})
+		}
+	}
 	slices.SortFunc(v.Ranks, func(a, b RankView) int { return a.Rank - b.Rank })
 	return v, nil
 }

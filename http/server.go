@@ -150,6 +150,8 @@ func New(cfg Config) (*Server, error) {
 	// metrics port.
 	r.With(s.adminOnly).Post("/admin/drain", s.drain)
 	r.With(s.adminOnly).Post("/admin/leave", s.leave)
+	// The cluster page carries no data: its requests for it carry the key.
+	r.Get("/cluster", s.clusterPage)
 	if cfg.MetricsOnly {
 		r.With(s.authenticate).Get("/v1/cluster", s.cluster)
 		s.router = r

@@ -14,7 +14,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/font"
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 )
@@ -64,26 +66,32 @@ func savePlot(path, title string, sums []Summary) error {
 		groups[i].x = append(groups[i].x, x)
 		groups[i].sums = append(groups[i].sums, s)
 	}
+	dashed := []vg.Length{vg.Points(5), vg.Points(3)}
+	// Both panels draw the groups in the same colours, so one legend
+	// names them for both.
+	leg := newLegend()
+	if len(groups) > 1 {
+		for gi, g := range groups {
+			leg.Add(g.name, legendLine(palette[gi%len(palette)], nil))
+		}
+	}
+	leg.Add("p99", legendLine(color.Black, nil))
+	leg.Add("p50", legendLine(color.Black, dashed))
 	panels := []struct {
-		title    string
-		p99, p50 func(Summary) float64
+		title, yLabel string
+		p99, p50      func(Summary) float64
 	}{
-		{"time to first token", func(s Summary) float64 { return s.TTFT.P99 }, func(s Summary) float64 { return s.TTFT.P50 }},
-		{"inter-token latency", func(s Summary) float64 { return s.ITL.P99 }, func(s Summary) float64 { return s.ITL.P50 }},
+		{"time to first token", "TTFT (ms, log scale)", func(s Summary) float64 { return s.TTFT.P99 }, func(s Summary) float64 { return s.TTFT.P50 }},
+		{"inter-token latency", "ITL (ms, log scale)", func(s Summary) float64 { return s.ITL.P99 }, func(s Summary) float64 { return s.ITL.P50 }},
 	}
 	row := make([]*plot.Plot, len(panels))
 	for pi, panel := range panels {
-		p := plot.New()
+		p := newPanel()
 		p.Title.Text = panel.title
-		if pi == 0 && title != "" {
-			p.Title.Text = title + "\n" + panel.title
-		}
 		p.X.Label.Text = xLabel
-		p.Y.Label.Text = "ms, log scale (solid p99, dashed p50)"
+		p.Y.Label.Text = panel.yLabel
 		p.Y.Scale = plot.LogScale{}
 		p.Y.Tick.Marker = logTicks{}
-		p.Legend.Top, p.Legend.Left = true, true
-		p.Add(plotter.NewGrid())
 		for gi, g := range groups {
 			c := palette[gi%len(palette)]
 			for k, value := range []func(Summary) float64{panel.p99, panel.p50} {
@@ -95,23 +103,74 @@ func savePlot(path, title string, sums []Summary) error {
 					continue
 				}
 				if k == 1 {
-					line.Dashes = []vg.Length{vg.Points(5), vg.Points(3)}
+					line.Dashes = dashed
 				}
 				p.Add(line)
-				if k == 0 && len(groups) > 1 {
-					p.Legend.Add(g.name, line)
-				}
 			}
 		}
 		row[pi] = p
 	}
 	return writeFigure(path, func(c draw.Canvas) {
-		canvases := plot.Align([][]*plot.Plot{row}, draw.Tiles{Rows: 1, Cols: len(row), PadX: vg.Millimeter * 4, PadY: vg.Millimeter * 2,
-			PadTop: vg.Millimeter * 2, PadBottom: vg.Millimeter * 2, PadLeft: vg.Millimeter * 2, PadRight: vg.Millimeter * 2}, c)
+		area, key := layOut(c, title, &leg)
+		canvases := plot.Align([][]*plot.Plot{row}, draw.Tiles{Rows: 1, Cols: len(row), PadX: 2 * margin}, area)
 		for i, p := range row {
 			p.Draw(canvases[0][i])
 		}
+		key.Max.Y = row[0].DataCanvas(canvases[0][0]).Max.Y
+		leg.Draw(key)
 	})
+}
+
+// margin is the space between a figure's parts, and around them.
+const margin = 2 * vg.Millimeter
+
+// newPanel is a plot with a grid, whose axis labels stand clear of the
+// tick labels: gonum sets them a font size apart, less than the height
+// of the glyphs, so that the one's descenders touch the other's capitals.
+func newPanel() *plot.Plot {
+	p := plot.New()
+	p.X.Label.Padding = margin / 2
+	p.Y.Label.Padding = margin / 2
+	p.Add(plotter.NewGrid())
+	return p
+}
+
+// newLegend is a legend for the column to the right of a figure's panels
+// (see layOut), its entries a line apart. gonum steps from one entry to
+// the next by the top of a line's Rectangle, the font's ascent less its
+// line gap, and then Padding: without it, one entry's descenders reach
+// into the next one's capitals.
+func newLegend() plot.Legend {
+	leg := plot.NewLegend()
+	leg.Top, leg.Left = true, true
+	leg.Padding = leg.TextStyle.FontExtents().Height - leg.TextStyle.Rectangle("p99").Max.Y
+	return leg
+}
+
+// legendLine is a legend's sample of a line of colour c, dashed as
+// dashes.
+func legendLine(c color.Color, dashes []vg.Length) *plotter.Line {
+	return &plotter.Line{LineStyle: draw.LineStyle{Color: c, Width: vg.Points(1.5), Dashes: dashes}}
+}
+
+// layOut cuts a figure's canvas as a reader expects to find it: the
+// title once, centred on a line of its own at the top, and the legend in
+// a column at the right, where it covers none of the panels' data. It
+// draws the title, and returns the area left for the panels and the
+// legend's column; the caller draws the legend there, its top level with
+// that of the panels' data.
+func layOut(c draw.Canvas, title string, leg *plot.Legend) (area, key draw.Canvas) {
+	c = draw.Crop(c, margin, -margin, margin, -margin)
+	if title != "" {
+		sty := text.Style{Font: font.From(plot.DefaultFont, 14), Handler: plot.DefaultTextHandler, XAlign: draw.XCenter, YAlign: draw.YTop}
+		c.FillText(sty, vg.Point{X: c.Center().X, Y: c.Max.Y}, title)
+		c.Max.Y -= sty.Height(title) + margin
+	}
+	width := leg.Rectangle(c).Size().X
+	area, key = c, c
+	area.Max.X -= width + 2*margin
+	key.Min.X = key.Max.X - width
+	return area, key
 }
 
 // writeFigure draws a 12 × 5 inch figure and writes it to path, in the

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,8 +15,11 @@ import (
 
 	"github.com/spf13/cobra"
 	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/font"
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/text"
 	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
 )
 
 // Event is something that happened during a run (a node joined, one
@@ -170,23 +174,19 @@ before the first, and with --out draws them over time in windows of --window.`,
 }
 
 // saveTimeline draws TTFT p50 and p99 per window against the run's time,
-// with a vertical line at each event.
+// with a vertical line at each event, named above the data.
 func saveTimeline(path, title string, ws []Window, events []Event) error {
-	p := plot.New()
-	p.Title.Text = title
+	p := newPanel()
 	p.X.Label.Text = "time since the load began (s)"
 	p.Y.Label.Text = "TTFT (ms)"
-	p.Add(plotter.NewGrid())
-	top := 0.0
+	leg := newLegend()
 	for k, pick := range []func(Percentiles) float64{func(q Percentiles) float64 { return q.P99 }, func(q Percentiles) float64 { return q.P50 }} {
 		var xys plotter.XYs
 		for _, w := range ws {
 			if w.Requests-w.Failed == 0 {
 				continue
 			}
-			v := pick(w.TTFT)
-			xys = append(xys, plotter.XY{X: w.Start.Seconds(), Y: v})
-			top = max(top, v)
+			xys = append(xys, plotter.XY{X: w.Start.Seconds(), Y: pick(w.TTFT)})
 		}
 		if len(xys) == 0 {
 			continue
@@ -198,31 +198,89 @@ func saveTimeline(path, title string, ws []Window, events []Event) error {
 		line.Color = palette[k]
 		line.Width = vg.Points(1.5)
 		p.Add(line)
-		p.Legend.Add([]string{"p99", "p50"}[k], line)
+		leg.Add([]string{"p99", "p50"}[k], line)
 	}
-	p.Y.Min, p.Y.Max = 0, top*1.25
-	var labels plotter.XYLabels
-	for i, e := range events {
-		mark, err := plotter.NewLine(plotter.XYs{{X: e.At.Seconds(), Y: 0}, {X: e.At.Seconds(), Y: top * 1.25}})
-		if err != nil {
-			return err
+	p.Y.Min = 0
+	for _, e := range events {
+		p.X.Min, p.X.Max = min(p.X.Min, e.At.Seconds()), max(p.X.Max, e.At.Seconds())
+	}
+	sty := text.Style{Font: font.From(plot.DefaultFont, 10), Handler: plot.DefaultTextHandler}
+	return writeFigure(path, func(c draw.Canvas) {
+		area, key := layOut(c, title, &leg)
+		// Where the events fall does not depend on the height left for
+		// the data, so their labels can be placed before the strip they
+		// need is cut off the top of the area.
+		data := p.DataCanvas(area)
+		trX, _ := p.Transforms(&data)
+		xs := make([]vg.Length, len(events))
+		widths := make([]vg.Length, len(events))
+		for i, e := range events {
+			xs[i], widths[i] = trX(e.At.Seconds()), sty.Width(e.Label)
 		}
-		mark.Color = palette[2+i%(len(palette)-2)]
-		mark.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
-		p.Add(mark)
-		// Labels stagger down, so that close events do not overwrite
-		// each other.
-		labels.XYs = append(labels.XYs, plotter.XY{X: e.At.Seconds(), Y: top * (1.2 - 0.07*float64(i%4))})
-		labels.Labels = append(labels.Labels, " "+e.Label)
-	}
-	if len(events) > 0 {
-		l, err := plotter.NewLabels(labels)
-		if err != nil {
-			return err
+		gap := sty.Width(" ")
+		lefts, rows := placeLabels(xs, widths, gap, key.Max.X)
+		line := sty.FontExtents().Height
+		if len(rows) > 0 {
+			area.Max.Y -= vg.Length(slices.Max(rows)+1)*line + margin/2
 		}
-		p.Add(l)
+		p.Draw(area)
+		data = p.DataCanvas(area)
+		descent := sty.FontExtents().Descent
+		for i, e := range events {
+			bottom := data.Max.Y + margin/2 + vg.Length(rows[i])*line
+			mark := draw.LineStyle{Color: palette[2+i%(len(palette)-2)], Width: vg.Points(1), Dashes: []vg.Length{vg.Points(4), vg.Points(3)}}
+			c.StrokeLine2(mark, xs[i], data.Min.Y, xs[i], bottom+line)
+			c.FillText(sty, vg.Point{X: lefts[i], Y: bottom + descent}, e.Label)
+		}
+		key.Max.Y = data.Max.Y
+		leg.Draw(key)
+	})
+}
+
+// placeLabels lays out the labels of events whose lines are at xs, of
+// widths, in rows above the data, row 0 the lowest, and returns where
+// each starts and its row. A label starts gap right of its line, or ends
+// gap left of it where it would pass right. Each line runs up to its
+// label's row, so a label takes the lowest row where it overlaps no other
+// label, no line that runs past it to a higher row crosses it, and its
+// own line crosses no label below it. Placed from the right, the labels
+// of close events stair up to the left.
+func placeLabels(xs, widths []vg.Length, gap, right vg.Length) (lefts []vg.Length, rows []int) {
+	lefts = make([]vg.Length, len(xs))
+	rows = make([]int, len(xs))
+	order := make([]int, len(xs))
+	for i := range order {
+		order[i] = i
 	}
-	p.Legend.Top, p.Legend.Left = true, true
-	p.Legend.YOffs = -vg.Points(2)
-	return writeFigure(path, p.Draw)
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(xs[b], xs[a]) })
+	top := -1
+	for n, i := range order {
+		lefts[i] = xs[i] + gap
+		if lefts[i]+widths[i] > right {
+			lefts[i] = xs[i] - gap - widths[i]
+		}
+		fits := func(row int) bool {
+			for _, j := range order[:n] {
+				across := lefts[i] < lefts[j]+widths[j]+gap && lefts[j] < lefts[i]+widths[i]+gap
+				switch {
+				case rows[j] == row && across,
+					rows[j] > row && lefts[i] <= xs[j] && xs[j] <= lefts[i]+widths[i],
+					rows[j] < row && lefts[j] <= xs[i] && xs[i] <= lefts[j]+widths[j]:
+					return false
+				}
+			}
+			return true
+		}
+		// A row above all others always holds the label, if at the cost
+		// of a line through another.
+		rows[i] = top + 1
+		for row := range top + 1 {
+			if fits(row) {
+				rows[i] = row
+				break
+			}
+		}
+		top = max(top, rows[i])
+	}
+	return lefts, rows
 }

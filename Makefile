@@ -6,7 +6,7 @@ export PATH := $(GOBIN):$(PATH)
 
 GO_FILES = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
 
-.PHONY: build run test lint proto proto-check tools bench chaos chaos-llamacpp fuzz clean llamacpp llamacpp-test testmodel
+.PHONY: build run test lint proto proto-check tools bench chaos chaos-llamacpp fuzz clean llamacpp llamacpp-test testmodel browser-test
 
 build:
 	go build -o bin/dpnode ./cmd/dpnode
@@ -39,6 +39,12 @@ proto-check: proto
 	@git diff --exit-code -- proto/ || { echo "generated protobuf code is stale: run make proto and commit"; exit 1; }
 	@untracked="$$(git ls-files --others --exclude-standard proto/)"; \
 	if [ -n "$$untracked" ]; then echo "generated files not committed: $$untracked"; exit 1; fi
+
+# The cluster page in a real browser: Debian's chromium (apt-get install
+# chromium; or CHROMIUM=path), headless, over a two-node cluster. It
+# prints where it saved its screenshot.
+browser-test:
+	go test -tags browser -run TestClusterPageInABrowser -timeout 5m -v -count=1 ./cluster
 
 # The fault-injection suite: load on a three-node cluster while engines,
 # actors and nodes crash, hang and lose their network (nftables, as root).

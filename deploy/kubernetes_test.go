@@ -331,7 +331,8 @@ func probeBudget(probe *corev1.Probe) time.Duration {
 // to join: the grace period covers the preStop pause, --drain-timeout and
 // the leave; liveness outlasts a drain that POST /admin/drain started (no
 // SIGTERM, so the kubelet still acts on liveness); the startup probe
-// outlasts --join-timeout.
+// outlasts the join, which waits up to --join-timeout for a seed, then,
+// where the coordinator gives out the ranks, as long again for them.
 func (p *pod) checkShutdown() []error {
 	var errs []error
 	stop := p.args.duration("drain-timeout") + stopOverhead
@@ -356,8 +357,15 @@ func (p *pod) checkShutdown() []error {
 	if live := probeBudget(p.container.LivenessProbe); live < stop {
 		errs = append(errs, fmt.Errorf("liveness fails for %v before a restart, less than a drain (%v): a node drained by POST /admin/drain would be killed", live, stop))
 	}
-	if start := probeBudget(p.container.StartupProbe); p.args.has("seeds") && start < p.args.duration("join-timeout") {
-		errs = append(errs, fmt.Errorf("startupProbe gives up after %v, before --join-timeout=%v", start, p.args.get("join-timeout")))
+	join := p.args.duration("join-timeout")
+	if !p.args.has("seeds") {
+		join = 0
+	}
+	if given := p.args.get("data-parallel-size") == "auto" || p.args.get("data-parallel-start-rank") == "auto"; given && p.args.int("data-parallel-size-local") != 0 {
+		join += p.args.duration("join-timeout")
+	}
+	if start := probeBudget(p.container.StartupProbe); start < join {
+		errs = append(errs, fmt.Errorf("startupProbe gives up after %v, before a join with --join-timeout=%v may end (%v)", start, p.args.get("join-timeout"), join))
 	}
 	return errs
 }

@@ -1,4 +1,4 @@
-package deploy
+package kubernetes
 
 import (
 	"fmt"
@@ -19,12 +19,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
-// TestKubernetes builds every kustomization under kubernetes/ (the base,
+// TestKubernetes builds every kustomization in this directory (the base,
 // the overlays, the Secrets' example) and every combination of the
 // components on the base, decodes each object strictly, and checks the
 // pods against the dpnode built from this source tree.
 func TestKubernetes(t *testing.T) {
-	root, err := filepath.Abs(kubernetesDir)
+	root, err := filepath.Abs(".")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestKubernetes(t *testing.T) {
 	}
 	slices.Sort(components)
 	if want := composedComponents(); !slices.Equal(components, want) {
-		t.Errorf("components under %s: %q; the compositions tested: %q", kubernetesDir, components, want)
+		t.Errorf("components: %q; the compositions tested: %q", components, want)
 	}
 	flags, err := joinFlags()
 	if err != nil {

@@ -1,4 +1,4 @@
-package deploy
+package kubernetes
 
 import (
 	"bufio"
@@ -37,7 +37,7 @@ var joinFlags = sync.OnceValues(func() (map[string]joinFlag, error) {
 	// Built in the main module, with its go.sum: the binary make build
 	// makes, whatever this module's dependencies resolve to.
 	build := exec.Command("go", "build", "-o", bin, "./cmd/dpnode")
-	build.Dir = ".."
+	build.Dir = "../.."
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build ./cmd/dpnode: %v\n%s", err, out)
 	}

@@ -1,4 +1,4 @@
-package deploy
+package kubernetes
 
 import (
 	"fmt"
@@ -16,9 +16,6 @@ import (
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
 )
-
-// kubernetesDir holds the kustomizations.
-const kubernetesDir = "kubernetes"
 
 // newObject returns an empty object of the API type of apiVersion and
 // kind. A kind without a type here fails the build that holds it: add its

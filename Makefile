@@ -6,7 +6,7 @@ export PATH := $(GOBIN):$(PATH)
 
 GO_FILES = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
 
-.PHONY: build run test lint proto proto-check tools bench chaos chaos-llamacpp fuzz clean llamacpp llamacpp-test testmodel browser-test
+.PHONY: build run test lint proto proto-check tools bench chaos chaos-llamacpp fuzz clean llamacpp llamacpp-test testmodel browser-test deploy-test
 
 build:
 	go build -o bin/dpnode ./cmd/dpnode
@@ -16,14 +16,23 @@ build:
 run:
 	go run ./cmd/dpnode join
 
-# The test command of the README: formatting, vet, and the race-checked suite.
-test: lint
+# The test command of the README: formatting, vet, and the race-checked
+# suite, of dpnode and of its deployment files.
+test: lint deploy-test
 	go test -race -count=1 -timeout 15m ./...
 
 lint:
 	@unformatted="$$(gofmt -l $(GO_FILES))"; \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change:"; echo "$$unformatted"; exit 1; fi
 	go vet ./...
+	cd deploy && go vet ./...
+
+# The deployment files, a module of their own (deploy/): every
+# kustomization built and checked against the flags and ports of the dpnode
+# built from this tree, the dashboard's queries against the series dpnode
+# registers, the Dockerfile against what the manifests expect of it.
+deploy-test:
+	cd deploy && go test -race -count=1 -timeout 10m ./...
 
 tools:
 	go install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)

@@ -5,14 +5,15 @@ import (
 	"bytes"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
+	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
 )
 
 // joinFlag is a flag of `dpnode join` as its --help shows it.
@@ -24,22 +25,18 @@ type joinFlag struct {
 	def string
 }
 
-// joinFlags are the flags of the dpnode built from the source tree that
-// holds this module, read from `dpnode join --help`: the real binary's
-// flags, not a list kept by hand.
-var joinFlags = sync.OnceValues(func() (map[string]joinFlag, error) {
-	dir, err := os.MkdirTemp("", "dpnode-deploy-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "dpnode")
+// dpnodeJoinFlags are the flags of the dpnode built from the source tree
+// that holds this module, read from `dpnode join --help`: the real
+// binary's flags, not a list kept by hand.
+func dpnodeJoinFlags(t *testing.T) map[string]joinFlag {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "dpnode")
 	// Built in the main module, with its go.sum: the binary make build
 	// makes, whatever this module's dependencies resolve to.
 	build := exec.Command("go", "build", "-o", bin, "./cmd/dpnode")
 	build.Dir = "../.."
 	if out, err := build.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("go build ./cmd/dpnode: %v\n%s", err, out)
+		t.Fatalf("go build ./cmd/dpnode: %v\n%s", err, out)
 	}
 	// An empty environment: the defaults of --help must not depend on
 	// the DPNODE_* variables of whoever runs the tests.
@@ -47,10 +44,14 @@ var joinFlags = sync.OnceValues(func() (map[string]joinFlag, error) {
 	help.Env = []string{}
 	out, err := help.Output()
 	if err != nil {
-		return nil, fmt.Errorf("dpnode join --help: %v", err)
+		t.Fatalf("dpnode join --help: %v", err)
 	}
-	return parseHelp(out)
-})
+	flags, err := parseHelp(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return flags
+}
 
 var (
 	// helpLine is a flag's line in pflag's usage: "  -h, --name type   usage".
@@ -207,7 +208,7 @@ func (a *joinArgs) duration(name string) time.Duration {
 // openPort is a port that dpnode listens on.
 type openPort struct {
 	port     int32
-	protocol string // TCP or UDP, as Kubernetes writes them
+	protocol corev1.Protocol
 	// http: the port answers HTTP (/health, /metrics).
 	http bool
 	what string
@@ -220,19 +221,19 @@ type openPort struct {
 func (a *joinArgs) openPorts() ([]openPort, error) {
 	var ports []openPort
 	if !a.bool("headless") {
-		ports = append(ports, openPort{port: int32(a.int("port")), protocol: "TCP", http: true, what: "--port"})
+		ports = append(ports, openPort{port: int32(a.int("port")), protocol: corev1.ProtocolTCP, http: true, what: "--port"})
 	}
 	if p := a.int("metrics-port"); p >= 0 {
-		ports = append(ports, openPort{port: int32(p), protocol: "TCP", http: true, what: "--metrics-port"})
+		ports = append(ports, openPort{port: int32(p), protocol: corev1.ProtocolTCP, http: true, what: "--metrics-port"})
 	}
 	_, gossip, err := splitHostPort(a.get("bind"), 7946)
 	if err != nil {
 		return nil, fmt.Errorf("--bind: %w", err)
 	}
 	ports = append(ports,
-		openPort{port: gossip, protocol: "TCP", what: "gossip (--bind)"},
-		openPort{port: gossip, protocol: "UDP", what: "gossip (--bind)"},
-		openPort{port: int32(a.int("data-parallel-rpc-port")), protocol: "TCP", what: "--data-parallel-rpc-port"})
+		openPort{port: gossip, protocol: corev1.ProtocolTCP, what: "gossip (--bind)"},
+		openPort{port: gossip, protocol: corev1.ProtocolUDP, what: "gossip (--bind)"},
+		openPort{port: int32(a.int("data-parallel-rpc-port")), protocol: corev1.ProtocolTCP, what: "--data-parallel-rpc-port"})
 	for _, p := range ports {
 		// 0 is a port chosen at start: nothing can name it beforehand.
 		if p.port <= 0 || p.port > 65535 {

@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -36,10 +37,7 @@ func TestKubernetes(t *testing.T) {
 	if want := composedComponents(); !slices.Equal(components, want) {
 		t.Errorf("components: %q; the compositions tested: %q", components, want)
 	}
-	flags, err := joinFlags()
-	if err != nil {
-		t.Fatal(err)
-	}
+	flags := dpnodeJoinFlags(t)
 	example, err := render(filepath.Join(root, "secrets-example"))
 	if err != nil {
 		t.Fatalf("secrets-example: %v", err)
@@ -88,15 +86,8 @@ func (p *pod) selectedBy(sel labels.Selector) bool {
 // containerPort finds the container's port that a Service or a probe
 // names, by name or by number, of the given protocol.
 func (p *pod) containerPort(target intstr.IntOrString, protocol corev1.Protocol) (corev1.ContainerPort, bool) {
-	if protocol == "" {
-		protocol = corev1.ProtocolTCP
-	}
 	for _, cp := range p.container.Ports {
-		proto := cp.Protocol
-		if proto == "" {
-			proto = corev1.ProtocolTCP
-		}
-		if proto != protocol {
+		if cmp.Or(cp.Protocol, corev1.ProtocolTCP) != cmp.Or(protocol, corev1.ProtocolTCP) {
 			continue
 		}
 		if (target.Type == intstr.String && cp.Name == target.StrVal) || (target.Type == intstr.Int && cp.ContainerPort == target.IntVal) {
@@ -166,27 +157,19 @@ func newPod(set *appsv1.StatefulSet, flags map[string]joinFlag) (*pod, []error) 
 		return nil, append(errs, err)
 	}
 	for _, cp := range c.Ports {
-		proto := cmpOr(cp.Protocol, corev1.ProtocolTCP)
-		if !slices.ContainsFunc(p.ports, func(o openPort) bool { return o.port == cp.ContainerPort && o.protocol == string(proto) }) {
+		proto := cmp.Or(cp.Protocol, corev1.ProtocolTCP)
+		if !slices.ContainsFunc(p.ports, func(o openPort) bool { return o.port == cp.ContainerPort && o.protocol == proto }) {
 			errs = append(errs, fmt.Errorf("containerPort %s %d/%s: dpnode opens no such port with these args (it opens %s)", cp.Name, cp.ContainerPort, proto, describePorts(p.ports)))
 		}
 	}
 	for _, o := range p.ports {
 		if !slices.ContainsFunc(c.Ports, func(cp corev1.ContainerPort) bool {
-			return cp.ContainerPort == o.port && string(cmpOr(cp.Protocol, corev1.ProtocolTCP)) == o.protocol
+			return cp.ContainerPort == o.port && cmp.Or(cp.Protocol, corev1.ProtocolTCP) == o.protocol
 		}) {
 			errs = append(errs, fmt.Errorf("dpnode opens %d/%s (%s), which the container does not declare: Services and probes cannot name it", o.port, o.protocol, o.what))
 		}
 	}
 	return p, errs
-}
-
-func cmpOr[T comparable](v, otherwise T) T {
-	var zero T
-	if v == zero {
-		return otherwise
-	}
-	return v
 }
 
 func describePorts(ports []openPort) string {
@@ -242,7 +225,8 @@ func expandEnv(c *corev1.Container) []string {
 	return out
 }
 
-// env is the container's variable name, and whether it has it.
+// env returns the container's variable called name, and whether it has
+// one.
 func (p *pod) env(name string) (corev1.EnvVar, bool) {
 	i := slices.IndexFunc(p.container.Env, func(e corev1.EnvVar) bool { return e.Name == name })
 	if i < 0 {
@@ -323,14 +307,15 @@ func probeBudget(probe *corev1.Probe) time.Duration {
 	if probe == nil {
 		return 0
 	}
-	period, failures := cmpOr(probe.PeriodSeconds, 10), cmpOr(probe.FailureThreshold, 3)
+	period, failures := cmp.Or(probe.PeriodSeconds, 10), cmp.Or(probe.FailureThreshold, 3)
 	return time.Duration(period*failures) * time.Second
 }
 
 // checkShutdown checks that the kubelet gives a node time to drain and
 // to join: the grace period covers the preStop pause, --drain-timeout and
-// the leave; liveness outlasts a drain that POST /admin/drain started (no
-// SIGTERM, so the kubelet still acts on liveness); the startup probe
+// the leave; liveness outlasts a drain or a leave that POST /admin/drain or
+// /admin/leave started (no SIGTERM, so the kubelet still acts on
+// liveness, which fails while the node drains); the startup probe
 // outlasts the join, which waits up to --join-timeout for a seed, then,
 // where the coordinator gives out the ranks, as long again for them.
 func (p *pod) checkShutdown() []error {
@@ -354,8 +339,9 @@ func (p *pod) checkShutdown() []error {
 	if need := pause + stop; grace < need {
 		errs = append(errs, fmt.Errorf("terminationGracePeriodSeconds %v is shorter than the preStop pause (%v), --drain-timeout and the leave (%v): the kubelet would kill the drain", grace, pause, stop))
 	}
-	if live := probeBudget(p.container.LivenessProbe); live < stop {
-		errs = append(errs, fmt.Errorf("liveness fails for %v before a restart, less than a drain (%v): a node drained by POST /admin/drain would be killed", live, stop))
+	leave := p.args.duration("drain-timeout") + releaseTime + stopOverhead
+	if live := probeBudget(p.container.LivenessProbe); live < leave {
+		errs = append(errs, fmt.Errorf("liveness fails for %v before a restart, less than a drain and a leave (%v): a node that POST /admin/leave takes out would be killed", live, leave))
 	}
 	join := p.args.duration("join-timeout")
 	if !p.args.has("seeds") {
@@ -590,9 +576,10 @@ func checkServices(r *rendered, pods []*pod) []error {
 			errs = append(errs, fmt.Errorf("Service %s selects no pod of this build", svc.Name))
 		}
 		for _, sp := range svc.Spec.Ports {
+			target := targetPort(sp)
 			for _, p := range selected {
-				if _, ok := p.containerPort(targetPort(sp), sp.Protocol); !ok {
-					errs = append(errs, fmt.Errorf("Service %s port %s: %s has no %s port %s", svc.Name, sp.Name, p, cmpOr(sp.Protocol, corev1.ProtocolTCP), targetPortString(sp)))
+				if _, ok := p.containerPort(target, sp.Protocol); !ok {
+					errs = append(errs, fmt.Errorf("Service %s port %s: %s has no %s port %s", svc.Name, sp.Name, p, cmp.Or(sp.Protocol, corev1.ProtocolTCP), target.String()))
 				}
 			}
 		}
@@ -686,9 +673,4 @@ func checkEndpoint(sm *monitoringv1.ServiceMonitor, ep monitoringv1.Endpoint, se
 		}
 	}
 	return errs
-}
-
-func targetPortString(sp corev1.ServicePort) string {
-	t := targetPort(sp)
-	return t.String()
 }

@@ -72,9 +72,12 @@ type NodeConfig struct {
 	// no peers.
 	PublishRoster func(r dp.Roster, claimant string)
 	RefuseClaim   func(node string, err error)
-	// Key is this node's identity in the roster (its gossip address);
-	// empty for a node that holds no ranks there.
+	// Key is this node's identity in the roster (its --node-id, or else
+	// its gossip address); empty for a node that holds no ranks there.
 	Key string
+	// NodeID is the --node-id this node gossips; empty when its gossip
+	// address is its identity.
+	NodeID string
 	// Experts is the model's expert count under expert parallelism: an
 	// elastic deployment's size must divide it. 0 when not checked.
 	Experts int
@@ -156,6 +159,7 @@ func (c *NodeConfig) PendingMeta() *dpnodev1.NodeMeta {
 		ExpertParallel:   c.ExpertParallel,
 		Engine:           c.Engine,
 		Profile:          c.Profile,
+		NodeId:           c.NodeID,
 	}
 }
 
@@ -394,7 +398,8 @@ const (
 type MemberEvent struct {
 	Kind MemberEventKind
 	Name string
-	// Key is the member's identity in the roster (its gossip address).
+	// Key is the member's identity in the roster (its --node-id, or else
+	// its gossip address).
 	Key  string
 	Meta *dpnodev1.NodeMeta
 }

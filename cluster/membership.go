@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,6 +39,9 @@ type MembershipConfig struct {
 	Seeds []string
 	// Resolver looks up the host names among Seeds; nil is the system's.
 	Resolver Resolver
+	// NodeID is the node's identity in the roster, as Meta says it; empty
+	// makes it the gossip address.
+	NodeID string
 	// Founder starts a new cluster when none of its seeds answers. The
 	// others keep trying, with backoff, for JoinTimeout; zero tries once.
 	Founder     bool
@@ -276,9 +280,9 @@ func (m *Membership) SetMeta(meta *dpnodev1.NodeMeta) error {
 	return m.list.UpdateNode(2 * time.Second)
 }
 
-// Key is the node's identity in the roster: its gossip address, the same
-// across restarts.
-func (m *Membership) Key() string { return m.d.addr() }
+// Key is the node's identity in the roster, the same across restarts: its
+// --node-id, or else its gossip address.
+func (m *Membership) Key() string { return m.d.key() }
 
 // Attach hands gossip over to the running node: the membership changes
 // seen since the join, then every later one, and the newest roster.
@@ -572,7 +576,7 @@ func (d *delegate) receive(b []byte) {
 			onClaim(dp.Claim{Node: c.Node, Start: int(c.StartRank), Count: int(c.Count), Experts: int(c.Experts)}, c.Release)
 		}
 	case *dpnodev1.GossipMessage_Refused:
-		if body.Refused.Node != d.addr() {
+		if body.Refused.Node != d.key() {
 			return
 		}
 		d.mu.Lock()
@@ -639,6 +643,12 @@ func decodeMeta(n *memberlist.Node, size uint32) (*dpnodev1.NodeMeta, error) {
 
 func (d *delegate) setAddr(a string) { d.selfAddr.Store(&a) }
 
+// key is this node's identity in the roster: its --node-id, or else its
+// gossip address.
+func (d *delegate) key() string {
+	return cmp.Or(d.cfg.NodeID, d.addr())
+}
+
 // addr is this node's gossip address; empty until memberlist runs.
 func (d *delegate) addr() string {
 	if a := d.selfAddr.Load(); a != nil {
@@ -650,8 +660,8 @@ func (d *delegate) addr() string {
 // conflict says why peer cannot be this node's peer: it serves something
 // else (mismatch), or it hosts one of this node's ranks, and then
 // rankTaken is true and meta is the peer's. A peer at this node's own
-// gossip address is its previous incarnation, not a rival: a node
-// restarted after a crash takes its ranks back.
+// gossip address, or with its --node-id, is its previous incarnation, not
+// a rival: a node restarted after a crash takes its ranks back.
 func (d *delegate) conflict(peer *memberlist.Node) (meta *dpnodev1.NodeMeta, rankTaken bool, err error) {
 	if peer.Name == d.cfg.Name || peer.Address() == d.addr() {
 		return nil, false, nil
@@ -662,6 +672,11 @@ func (d *delegate) conflict(peer *memberlist.Node) (meta *dpnodev1.NodeMeta, ran
 	}
 	if err := mismatch(d.cfg.Meta, meta, peer.Name); err != nil {
 		return meta, false, err
+	}
+	if d.cfg.NodeID != "" && meta.NodeId == d.cfg.NodeID {
+		// This node's previous incarnation, at another address (a pod
+		// recreated elsewhere): its ranks are this node's to take back.
+		return meta, false, nil
 	}
 	d.mu.Lock()
 	self := d.self
@@ -751,7 +766,7 @@ func (d *delegate) event(kind actors.MemberEventKind, n *memberlist.Node) {
 		d.cfg.Logger.Warn("ignoring a member", "error", err)
 		return
 	}
-	ev := &actors.MemberEvent{Kind: kind, Name: n.Name, Key: n.Address(), Meta: meta}
+	ev := &actors.MemberEvent{Kind: kind, Name: n.Name, Key: cmp.Or(meta.NodeId, n.Address()), Meta: meta}
 	// Under the lock, so that an event is never handed over before one
 	// kept earlier (Attach).
 	d.mu.Lock()

@@ -53,6 +53,10 @@ type Options struct {
 	Founder string
 	// Hostname is this machine's host name (a pod's name in Kubernetes).
 	Hostname string
+	// NodeID is the node's identity in the roster, stable across restarts
+	// at another address; empty makes it the gossip address. Unique per
+	// node: two live nodes with one ID would serve the same ranks.
+	NodeID string
 	// Resolver looks up the seeds' host names; nil is the system's.
 	Resolver Resolver
 	// Bind is the gossip address (host:port); its host is also where the
@@ -286,6 +290,9 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--threads must not be negative, got %d", o.Threads)
 	case !(o.GPUMemoryUtilization > 0 && o.GPUMemoryUtilization <= 1):
 		return nil, flagError("--gpu-memory-utilization must be in (0, 1], got %v", o.GPUMemoryUtilization)
+	case len(o.NodeID) > maxNodeID || strings.ContainsFunc(o.NodeID, func(r rune) bool { return r <= ' ' || r > '~' }):
+		// It travels in the gossiped metadata, which memberlist bounds.
+		return nil, flagError("--node-id must be at most %d printable ASCII characters without spaces, got %q", maxNodeID, o.NodeID)
 	}
 	if _, _, err := splitHostPort(o.Bind, 7946); err != nil {
 		return nil, flagError("--bind %q: %v", o.Bind, err)
@@ -537,6 +544,9 @@ func (o Options) bindsLoopback() bool {
 	ip := net.ParseIP(host)
 	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
+
+// maxNodeID bounds --node-id: a DNS name's length.
+const maxNodeID = 253
 
 // FirstOrdinal names a StatefulSet's first pod as the founder: the host
 // whose name ends in -0.

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"testing"
 	"time"
 
@@ -24,16 +25,19 @@ func spawnPod(t *testing.T, ip, host, hosts string, args ...string) *proc {
 
 // TestPodsStartInAnyOrder starts three nodes as Kubernetes starts a
 // StatefulSet's pods (in parallel, in any order), each with the same
-// flags: its seeds the headless Service's name, its ranks given out, and
-// the first ordinal the founder. The other pods come up first: they find
-// no seed, retry, find each other, and wait for ranks; the founder joins
-// them, starts the roster and gives them ranks. Restarted, the founder
-// joins the cluster that runs rather than founding another.
+// flags: its seeds the headless Service's name, its ranks given out, the
+// first ordinal the founder, and its pod name its identity. The other
+// pods come up first: they find no seed, retry, find each other, and wait
+// for ranks; the founder joins them, starts the roster and gives them
+// ranks. Killed and recreated at another address, as a pod whose machine
+// died is, the founder joins the cluster that runs rather than founding
+// another, and takes its ranks back.
 func TestPodsStartInAnyOrder(t *testing.T) {
 	if err := exec.Command("unshare", "--uts", "--mount", "true").Run(); err != nil {
 		t.Skipf("needs new UTS and mount namespaces (root): %v", err)
 	}
 	ips := []string{"127.0.0.81", "127.0.0.82", "127.0.0.83"}
+	const recreatedAt = "127.0.0.84"
 	hosts := filepath.Join(t.TempDir(), "hosts")
 	table := "127.0.0.1 localhost\n"
 	for i, ip := range ips {
@@ -42,19 +46,20 @@ func TestPodsStartInAnyOrder(t *testing.T) {
 	if err := os.WriteFile(hosts, []byte(table), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pod := func(i int) *proc {
-		return spawnPod(t, ips[i], fmt.Sprintf("dpnode-%d", i), hosts, nodeArgs(ips[i], "--host", ips[i], "--port", "0",
+	pod := func(i int, ip string) *proc {
+		name := fmt.Sprintf("dpnode-%d", i)
+		return spawnPod(t, ip, name, hosts, nodeArgs(ip, "--host", ip, "--port", "0", "--node-id", name,
 			"--seeds", "dpnode:7946", "--founder", cluster.FirstOrdinal, "--join-timeout", "2m",
 			"--data-parallel-size", "6", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "auto")...)
 	}
-	p1 := pod(1)
+	p1 := pod(1, ips[1])
 	p1.waitLog(`msg="waiting for a seed to answer"`, 30*time.Second)
-	p2 := pod(2)
+	p2 := pod(2, ips[2])
 	// The two find each other by the name, and wait for ranks together.
 	for _, p := range []*proc{p1, p2} {
 		p.waitLog(`msg="joined; asking the coordinator for ranks"`, 30*time.Second)
 	}
-	p0 := pod(0)
+	p0 := pod(0, ips[0])
 	for _, p := range []*proc{p0, p1, p2} {
 		if err := p.serving(); err != nil {
 			t.Fatalf("the pod on %s: %v\n%s", p.ip, err, p.logs)
@@ -69,14 +74,24 @@ func TestPodsStartInAnyOrder(t *testing.T) {
 			t.Errorf("the founder serves rank %d; it takes the first ranks, 0 and 1: %+v", r.Rank, v.Ranks)
 		}
 	}
+	// The roster knows the pods by name: the founder holds ranks 0-1,
+	// the others 2-3 and 4-5 in the order they were given them.
+	var holders []string
+	for _, h := range v.Roster.Holds {
+		holders = append(holders, h.Node)
+	}
+	slices.Sort(holders[1:])
+	if !slices.Equal(holders, []string{"dpnode-0", "dpnode-1", "dpnode-2"}) || v.Roster.Holds[0].FirstRank != 0 {
+		t.Errorf("the roster's holds: %+v; want dpnode-0 on ranks 0-1, then dpnode-1 and dpnode-2", v.Roster.Holds)
+	}
 	if failed, err := burst(p1.url, 12, 3); failed > 0 {
 		t.Fatalf("%d requests failed; first: %v", failed, err)
 	}
 
-	// The founder's pod restarts (same name, same address) while the
-	// others run: it joins them and serves its ranks again.
+	// The founder's pod is recreated (same name, another address) while
+	// the others run: it joins them and serves its ranks again.
 	p0.kill()
-	p0 = pod(0)
+	p0 = pod(0, recreatedAt)
 	if err := p0.serving(); err != nil {
 		t.Fatalf("the restarted founder: %v\n%s", err, p0.logs)
 	}

@@ -117,6 +117,7 @@ func Start(o Options) (*Running, error) {
 	}
 	cfg := actors.DefaultNodeConfig()
 	cfg.Name = nodeName(o.Hostname, transport)
+	cfg.NodeID = o.NodeID
 	cfg.Model = p.served
 	cfg.Topology = topo
 	cfg.ExpertParallel = o.ExpertParallel
@@ -127,6 +128,7 @@ func Start(o Options) (*Running, error) {
 		Advertise: o.Advertise,
 		Seeds:     o.Seeds,
 		Resolver:  o.Resolver,
+		NodeID:    o.NodeID,
 		Founder:   o.founds(),
 		// The join waits for a seed up to JoinTimeout; the claim that
 		// follows has its own.

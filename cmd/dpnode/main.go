@@ -207,6 +207,7 @@ calibrated simulated executor.`,
 	f.BoolVar(&o.ExternalLB, "data-parallel-external-lb", false, "same as --data-parallel-lb external")
 	f.BoolVar(&o.Headless, "headless", false, "host ranks without an API server (internal mode)")
 	f.StringSliceVar(&o.Seeds, "seeds", nil, "gossip addresses (host:port) of cluster members to join; a host name seeds from every address it resolves to (a headless Service); none starts a new cluster")
+	f.StringVar(&o.NodeID, "node-id", "", "this node's identity in the roster, stable when it restarts at another address (Kubernetes: the pod's name); unique per node (default: its gossip address)")
 	f.StringVar(&o.Founder, "founder", "", "with --seeds, the node that starts the cluster when none of its seeds answers: "+cluster.FirstOrdinal+" (the host whose name ends in -0, a StatefulSet's first pod) or a host name; the others keep trying until --join-timeout")
 	f.StringVar(&o.Bind, "bind", o.Bind, "gossip address (host:port); the actor transport listens on the same host. Beyond loopback it needs --gossip-key and cluster TLS (dpnode certs)")
 	f.StringVar(&o.Advertise, "advertise", "", "address (host[:port]) other nodes reach this one at (default: the bind host, or a private IP)")

@@ -56,7 +56,11 @@ type NodeMeta struct {
 	// What the engine serves: the simulated profile's name, or the GGUF
 	// model's architecture, vocabulary and size (the file's path may differ
 	// between nodes). Every node of a cluster serves the same.
-	Profile       string `protobuf:"bytes,13,opt,name=profile,proto3" json:"profile,omitempty"`
+	Profile string `protobuf:"bytes,13,opt,name=profile,proto3" json:"profile,omitempty"`
+	// The node's identity in the roster, stable across restarts at other
+	// addresses (--node-id: a pod's name); empty when it is the node's
+	// gossip address.
+	NodeId        string `protobuf:"bytes,14,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -178,6 +182,13 @@ func (x *NodeMeta) GetEngine() string {
 func (x *NodeMeta) GetProfile() string {
 	if x != nil {
 		return x.Profile
+	}
+	return ""
+}
+
+func (x *NodeMeta) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
 	}
 	return ""
 }
@@ -756,7 +767,7 @@ var File_dpnode_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x17dpnode/v1/cluster.proto\x12\tdpnode.v1\"\xa1\x03\n" +
+	"\x17dpnode/v1/cluster.proto\x12\tdpnode.v1\"\xba\x03\n" +
 	"\bNodeMeta\x12#\n" +
 	"\ractor_address\x18\x01 \x01(\tR\factorAddress\x12!\n" +
 	"\fhttp_address\x18\x02 \x01(\tR\vhttpAddress\x12\x1d\n" +
@@ -773,7 +784,8 @@ const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	" \x01(\bR\x0eexpertParallel\x12\x1a\n" +
 	"\bdraining\x18\v \x01(\bR\bdraining\x12\x16\n" +
 	"\x06engine\x18\f \x01(\tR\x06engine\x12\x18\n" +
-	"\aprofile\x18\r \x01(\tR\aprofile\"\x82\x01\n" +
+	"\aprofile\x18\r \x01(\tR\aprofile\x12\x17\n" +
+	"\anode_id\x18\x0e \x01(\tR\x06nodeId\"\x82\x01\n" +
 	"\x06Roster\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1d\n" +

@@ -61,7 +61,7 @@ func engineID(rank int) string { return fmt.Sprintf("%s/engine-%d", apiServerID,
 func (a *APIServerActor) start(ctx actor.Context) {
 	a.self, a.root = ctx.Self(), ctx.ActorSystem().Root
 	for _, ec := range a.cfg.Engines {
-		r := &rankState{rank: ec.Rank, local: true, node: a.cfg.Node, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(ec.Rank)}
+		r := &rankState{rank: ec.Rank, local: true, node: a.cfg.Node, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(ec.Rank, true)}
 		ec.Metrics = r.metrics
 		r.cfg = ec
 		// From the clock, not 1: when the API server itself restarts, its
@@ -370,7 +370,7 @@ func (a *APIServerActor) remoteStatuses(ctx actor.Context, from *actor.PID, stat
 			continue
 		}
 		if r == nil {
-			r = &rankState{rank: rank, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(rank)}
+			r = &rankState{rank: rank, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(rank, false)}
 			a.addRank(r)
 		}
 		replaced := r.node != node || r.epoch.Load() != st.EngineEpoch

@@ -199,7 +199,7 @@ type rankMetrics struct {
 	collectiveWait, waveStart prometheus.Observer
 }
 
-func (m *Metrics) forRank(rank int) *rankMetrics {
+func (m *Metrics) forRank(rank int, local bool) *rankMetrics {
 	e := strconv.Itoa(rank)
 	l := prometheus.Labels{"model_name": m.model, "engine": e}
 	// Create the per-reason series now, so that a rank shows zeros before
@@ -209,19 +209,35 @@ func (m *Metrics) forRank(rank int) *rankMetrics {
 	}
 	m.promptTokens.With(l)
 	m.e2e.With(l)
-	return &rankMetrics{
-		running: m.running.With(l), waiting: m.waiting.With(l), kvUsage: m.kvUsage.With(l),
-		generation:    m.generation.With(l),
-		prefixQueries: m.prefixQueries.With(l), prefixHits: m.prefixHits.With(l),
-		preemptions: m.preemptions.With(l), steps: m.steps.With(l), computed: m.computed.With(l),
-		executorTime: m.executorTime.With(l), stepTime: m.stepTime.With(l),
-		ttft: m.ttft.With(l), itl: m.itl.With(l),
-		restarts: m.restarts.With(l), migrated: m.migrated.With(l), redispatched: m.redispatched.With(l),
+	// What this node's API server sees of the rank's requests, and its
+	// readiness as this node sees it.
+	rm := &rankMetrics{
+		generation: m.generation.With(l), ttft: m.ttft.With(l), itl: m.itl.With(l),
+		migrated: m.migrated.With(l), redispatched: m.redispatched.With(l),
 		inflight: m.inflight.With(l), ready: m.ready.With(l), failed: m.engineFailed.With(l),
-		waves: m.waves.With(l), dummySteps: m.dummySteps.With(l), collectiveTimeouts: m.collectiveTimeouts.With(l),
-		waveDuration: m.waveDuration.With(l), balance: m.balance.With(l),
-		collectiveWait: m.collectiveWait.With(l), waveStart: m.waveStart.With(l),
 	}
+	if !local {
+		// Another node's engine: its own state is in that node's metrics,
+		// and a zero here would read as an idle engine. Detached series
+		// take the writes and are never exported.
+		gauge := func() prometheus.Gauge { return prometheus.NewGauge(prometheus.GaugeOpts{Name: "detached"}) }
+		counter := func() prometheus.Counter { return prometheus.NewCounter(prometheus.CounterOpts{Name: "detached"}) }
+		hist := func() prometheus.Observer { return prometheus.NewHistogram(prometheus.HistogramOpts{Name: "detached"}) }
+		rm.running, rm.waiting, rm.kvUsage = gauge(), gauge(), gauge()
+		rm.prefixQueries, rm.prefixHits, rm.preemptions, rm.steps = counter(), counter(), counter(), counter()
+		rm.computed, rm.executorTime, rm.restarts = counter(), counter(), counter()
+		rm.waves, rm.dummySteps, rm.collectiveTimeouts = counter(), counter(), counter()
+		rm.stepTime, rm.waveDuration, rm.balance, rm.collectiveWait, rm.waveStart = hist(), hist(), hist(), hist(), hist()
+		return rm
+	}
+	rm.running, rm.waiting, rm.kvUsage = m.running.With(l), m.waiting.With(l), m.kvUsage.With(l)
+	rm.prefixQueries, rm.prefixHits = m.prefixQueries.With(l), m.prefixHits.With(l)
+	rm.preemptions, rm.steps, rm.computed = m.preemptions.With(l), m.steps.With(l), m.computed.With(l)
+	rm.executorTime, rm.stepTime, rm.restarts = m.executorTime.With(l), m.stepTime.With(l), m.restarts.With(l)
+	rm.waves, rm.dummySteps, rm.collectiveTimeouts = m.waves.With(l), m.dummySteps.With(l), m.collectiveTimeouts.With(l)
+	rm.waveDuration, rm.balance = m.waveDuration.With(l), m.balance.With(l)
+	rm.collectiveWait, rm.waveStart = m.collectiveWait.With(l), m.waveStart.With(l)
+	return rm
 }
 
 func (m *Metrics) failedWith(reason string) {

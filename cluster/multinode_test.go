@@ -106,6 +106,15 @@ func TestInternalModeReachesEveryRank(t *testing.T) {
 			t.Errorf("rank %d served %v of 200; want more than 40", rank, n)
 		}
 	}
+	// The API node has the engine state of its own ranks only: a zero for
+	// B's would read as idle engines on a vLLM dashboard.
+	for rank, want := range []bool{true, true, false, false} {
+		for _, name := range []string{"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "dpnode_engine_steps_total"} {
+			if got := a.hasSeries(name, map[string]string{"engine": fmt.Sprint(rank)}); got != want {
+				t.Errorf("the API node exports %s for rank %d: %v, want %v", name, rank, got, want)
+			}
+		}
+	}
 }
 
 func TestExternalModeServesOneRankEach(t *testing.T) {

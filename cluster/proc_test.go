@@ -293,13 +293,28 @@ func (p *proc) waitView(what string, timeout time.Duration, cond func(clusterVie
 // metric sums a metric's series whose labels include want.
 func (p *proc) metric(name string, want map[string]string) float64 {
 	p.t.Helper()
+	total, _ := p.series(name, want)
+	return total
+}
+
+// hasSeries reports whether the node exports a series of name with the
+// labels in want.
+func (p *proc) hasSeries(name string, want map[string]string) bool {
+	p.t.Helper()
+	_, n := p.series(name, want)
+	return n > 0
+}
+
+// series sums the node's series of name with the labels in want, and
+// counts them.
+func (p *proc) series(name string, want map[string]string) (total float64, n int) {
+	p.t.Helper()
 	resp, err := http.Get(p.url + "/metrics")
 	if err != nil {
 		p.t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
-	total := 0.0
 	for _, line := range strings.Split(string(body), "\n") {
 		if !strings.HasPrefix(line, name+"{") && !strings.HasPrefix(line, name+" ") {
 			continue
@@ -312,9 +327,10 @@ func (p *proc) metric(name string, want map[string]string) float64 {
 			var val float64
 			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &val)
 			total += val
+			n++
 		}
 	}
-	return total
+	return total, n
 }
 
 // closedLoop runs clients that each send completions to url, one after

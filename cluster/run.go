@@ -35,9 +35,11 @@ type Running struct {
 	api    *httpapi.Server
 	server *http.Server
 	ln     net.Listener
-	// metrics serves the --metrics-port, when set.
-	metrics   *http.Server
-	metricsLn net.Listener
+	// metrics serves the --metrics-port, when set, with metricsAPI's
+	// routes.
+	metrics    *http.Server
+	metricsAPI *httpapi.Server
+	metricsLn  net.Listener
 	// drainRequested is closed by POST /admin/drain, leaveRequested by
 	// POST /admin/leave.
 	drainRequested chan struct{}
@@ -288,6 +290,7 @@ func Start(o Options) (*Running, error) {
 			_ = r.Shutdown()
 			return nil, fmt.Errorf("cluster: serving metrics on %s: %w", addr, err)
 		}
+		r.metricsAPI = m
 		r.metrics = httpapi.NewHTTPServer(m.Handler(), o.HTTPTimeouts)
 		go func() { _ = r.metrics.Serve(r.metricsLn) }()
 		metricsURL = "http://" + r.metricsLn.Addr().String()
@@ -367,8 +370,12 @@ const releaseTimeout = 10 * time.Second
 func (r *Running) shutdown(leave bool) error {
 	deadline := time.Now().Add(r.drain)
 	r.logger.Info("draining: no new requests; waiting for those in flight", "timeout", r.drain)
-	if r.api != nil {
-		r.api.SetDraining()
+	// Both ports' /health say so: a headless node's probes read its
+	// metrics port.
+	for _, s := range []*httpapi.Server{r.api, r.metricsAPI} {
+		if s != nil {
+			s.SetDraining()
+		}
 	}
 	meta := proto.Clone(r.node.Meta()).(*dpnodev1.NodeMeta)
 	meta.Draining = true

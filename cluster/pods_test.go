@@ -2,11 +2,14 @@ package cluster_test
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,5 +111,28 @@ func TestPodsStartInAnyOrder(t *testing.T) {
 	})
 	if line, _ := p0.logs.find(regexp.MustCompile(`this node starts the cluster|this node founds the deployment`), 0); line != "" {
 		t.Fatalf("the restarted founder founded again: %s", line)
+	}
+}
+
+// TestStartingNodeAnswers: a node waiting for its seeds (as it would while
+// loading its model) answers on its port at once: /health says starting,
+// and a request gets a 503 it can retry elsewhere, where a port that
+// accepts and never answers would read as hung to a probe.
+func TestStartingNodeAnswers(t *testing.T) {
+	const ip = "127.0.0.87"
+	p := spawn(t, ip, dpnodeBin, nodeArgs(ip, "--host", ip, "--port", "8000", "--data-parallel-start-rank", "auto",
+		"--data-parallel-size", "2", "--seeds", "127.0.0.88:7946", "--join-timeout", "1m")...)
+	p.waitLog(`msg="waiting for a seed to answer"`, 30*time.Second)
+	client := &http.Client{Timeout: 5 * time.Second}
+	for path, want := range map[string]string{"/health": `"status":"starting"`, "/v1/models": `"code":"starting"`} {
+		resp, err := client.Get("http://" + ip + ":8000" + path)
+		if err != nil {
+			t.Fatalf("GET %s while the node joins: %v", path, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), want) || resp.Header.Get("Retry-After") == "" {
+			t.Errorf("GET %s while the node joins: %d %s (Retry-After %q); want 503 with %s", path, resp.StatusCode, body, resp.Header.Get("Retry-After"), want)
+		}
 	}
 }

@@ -31,10 +31,12 @@ import (
 type Running struct {
 	node       *actors.Node
 	membership *Membership
-	// api, server and ln are nil on a headless node.
-	api    *httpapi.Server
-	server *http.Server
-	ln     net.Listener
+	// api, server and ln are nil on a headless node; server serves
+	// starting, which answers for api once the node runs.
+	api      *httpapi.Server
+	server   *http.Server
+	starting *httpapi.Starting
+	ln       net.Listener
 	// metrics serves the --metrics-port, when set, with metricsAPI's
 	// routes.
 	metrics    *http.Server
@@ -107,10 +109,17 @@ func Start(o Options) (*Running, error) {
 			return nil, fmt.Errorf("cluster: listening for HTTP on %s: %w (is another server on that port? choose one with --port)", o.address(), err)
 		}
 		httpAddr = r.ln.Addr().String()
+		// Served from now on: the join and the model's load can take
+		// minutes, and a port that accepts and never answers reads as a
+		// hung node to a probe.
+		r.starting = &httpapi.Starting{}
+		r.server = httpapi.NewHTTPServer(r.starting, o.HTTPTimeouts)
+		go func() { r.served <- r.server.Serve(r.ln) }()
 	}
 	closeListener := func() {
-		if r.ln != nil {
-			r.ln.Close()
+		if r.server != nil {
+			// Its listener, and the connections it answered "starting" on.
+			r.server.Close()
 		}
 	}
 
@@ -274,8 +283,7 @@ func Start(o Options) (*Running, error) {
 			return nil, err
 		}
 		r.api = api
-		r.server = httpapi.NewHTTPServer(api.Handler(), o.HTTPTimeouts)
-		go func() { r.served <- r.server.Serve(r.ln) }()
+		r.starting.Ready(api.Handler())
 	}
 	metricsURL := "none"
 	if o.MetricsPort >= 0 {

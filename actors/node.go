@@ -658,7 +658,9 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 		// count for the quorum once they are the deployment's.
 		if ev.Kind == MemberLeft {
 			delete(n.pending, ev.Name)
-			n.dropJoining(ctx, ev.Key)
+			if !n.keyLive(ev.Key) {
+				n.dropJoining(ctx, ev.Key)
+			}
 		} else {
 			n.pending[ev.Name] = pendingMember{key: ev.Key, boot: ev.Meta.BootUnixNano}
 		}
@@ -691,9 +693,28 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 		}
 		n.memberGone(ctx, ev.Name, true)
 		delete(n.keys, ev.Name)
-		n.dropJoining(ctx, ev.Key)
+		if !n.keyLive(ev.Key) {
+			n.dropJoining(ctx, ev.Key)
+		}
 	}
 	n.reelect(ctx)
+}
+
+// keyLive reports whether a member or a pending node has the roster
+// identity key: the new incarnation of a node whose old one just left
+// (--node-id at another address), whose ranks must stay its own.
+func (n *nodeActor) keyLive(key string) bool {
+	for name, k := range n.keys {
+		if k == key && n.members[name] != nil {
+			return true
+		}
+	}
+	for _, p := range n.pending {
+		if p.key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // memberGone forgets a member that left, was declared dead by gossip or

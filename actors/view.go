@@ -1,9 +1,11 @@
 package actors
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
@@ -170,7 +172,14 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 			owner[r] = name
 		}
 	}
-	slices.SortFunc(v.Nodes, func(a, b NodeView) int { return a.FirstRank - b.FirstRank })
+	slices.SortFunc(v.Nodes, func(a, b NodeView) int { return cmp.Or(a.FirstRank-b.FirstRank, strings.Compare(a.Name, b.Name)) })
+	for i, r := range v.Ranks {
+		if _, member := mv.members[r.Node]; r.Node != "" && !member {
+			// The API server remembers a dead node's ranks by its name
+			// until another node serves them: no node serves them now.
+			v.Ranks[i].Node, v.Ranks[i].Ready = "", false
+		}
+	}
 
 	e := mv.election
 	v.Coordinator = CoordinatorView{Epoch: e.Epoch, Quorum: e.Quorum, RanksSeen: e.RanksSeen, RunningHere: mv.running}

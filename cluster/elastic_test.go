@@ -371,10 +371,12 @@ func TestFullDeploymentRefusesAJoin(t *testing.T) {
 		return nodeArgs(ip, append([]string{"--data-parallel-size", "4", "--data-parallel-start-rank", "auto",
 			"--data-parallel-size-local", "2", "--host", ip, "--port", "0"}, extra...)...)
 	}
-	startProc(t, ipA, node(ipA)...)
-	b := startProc(t, ipB, node(ipB, "--seeds", ipA+":7946")...)
+	// Known by --node-id: the coordinator's answers reach a claimant by
+	// its ID.
+	startProc(t, ipA, node(ipA, "--node-id", "node-a")...)
+	b := startProc(t, ipB, node(ipB, "--seeds", ipA+":7946", "--node-id", "node-b")...)
 	b.waitLog(`the coordinator gave this node its ranks" ranks="ranks 2 to 3"`, time.Second)
-	c, err := launch(t, ipC, node(ipC, "--seeds", ipA+":7946")...)
+	c, err := launch(t, ipC, node(ipC, "--seeds", ipA+":7946", "--node-id", "node-c", "--join-timeout", "20s")...)
 	if err == nil {
 		t.Fatalf("a third node of 2 ranks joined a deployment of 4 that two nodes fill")
 	}

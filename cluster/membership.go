@@ -98,13 +98,14 @@ func (b rosterBroadcast) Finished()       {}
 // StartMembership creates the node's gossip endpoint and joins the seeds.
 // A node whose ranks another node already hosts is refused here, with an
 // error naming that node.
-func StartMembership(cfg MembershipConfig) (*Membership, error) {
+// The join waits for a seed as MembershipConfig says, or until ctx is done.
+func StartMembership(ctx context.Context, cfg MembershipConfig) (*Membership, error) {
 	meta, err := proto.Marshal(cfg.Meta)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: encoding node metadata: %w", err)
 	}
 	if len(meta) > memberlist.MetaMaxSize {
-		return nil, fmt.Errorf("cluster: node metadata is %d bytes, over memberlist's %d; shorten --served-model-name", len(meta), memberlist.MetaMaxSize)
+		return nil, fmt.Errorf("cluster: node metadata is %d bytes, over memberlist's %d; shorten --served-model-name or --node-id", len(meta), memberlist.MetaMaxSize)
 	}
 	var mc *memberlist.Config
 	switch cfg.Profile {
@@ -150,7 +151,7 @@ func StartMembership(cfg MembershipConfig) (*Membership, error) {
 	d.setAddr(list.LocalNode().Address())
 	m := &Membership{list: list, d: d}
 	if len(cfg.Seeds) > 0 {
-		if err := m.join(cfg); err != nil {
+		if err := m.join(ctx, cfg); err != nil {
 			list.Shutdown()
 			return nil, err
 		}
@@ -175,7 +176,7 @@ const (
 // Service's name gains addresses as pods start. The founder starts the
 // cluster if none answers at once; the others wait for one to, so that
 // nodes started together form one cluster, never several.
-func (m *Membership) join(cfg MembershipConfig) error {
+func (m *Membership) join(ctx context.Context, cfg MembershipConfig) error {
 	resolver := cfg.Resolver
 	if resolver == nil {
 		resolver = net.DefaultResolver
@@ -186,17 +187,26 @@ func (m *Membership) join(cfg MembershipConfig) error {
 	for attempt := 1; ; attempt++ {
 		addrs, err := seedAddresses(resolver, cfg.Seeds, int(self.Port), net.JoinHostPort(self.Addr.String(), strconv.Itoa(int(self.Port))))
 		if len(addrs) > 0 {
+			m.d.joining.Store(true)
 			_, joinErr := m.list.Join(addrs)
-			if joinErr == nil {
+			m.d.joining.Store(false)
+			if joinErr == nil && m.list.NumMembers() > 1 {
 				return nil
 			}
 			if c := m.d.refused(); c != nil {
 				return c
 			}
+			if joinErr == nil {
+				// A seed that routes back here (loopback, another of
+				// this machine's addresses, a Service over this pod).
+				joinErr = errors.New("the seeds that answered are this node itself")
+			}
 			err = errors.Join(err, joinErr)
 		}
 		if cfg.Founder {
-			cfg.Logger.Info("none of the seeds answers: this node starts the cluster", "seeds", cfg.Seeds, "error", err)
+			// Warn: a founder that could not reach a cluster that runs
+			// starts a second one.
+			cfg.Logger.Warn("none of the seeds answers: this node starts the cluster", "seeds", cfg.Seeds, "error", err)
 			return nil
 		}
 		if !time.Now().Add(wait).Before(deadline) {
@@ -205,19 +215,28 @@ func (m *Membership) join(cfg MembershipConfig) error {
 		}
 		cfg.Logger.Info("waiting for a seed to answer", "seeds", cfg.Seeds, "try", attempt, "retry_in", wait, "error", err)
 		// Jitter, so that nodes started together do not retry together.
-		time.Sleep(wait/2 + rand.N(wait/2))
+		select {
+		case <-time.After(wait/2 + rand.N(wait/2)):
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: stopped while waiting for one of --seeds %v to answer: %w", cfg.Seeds, ctx.Err())
+		}
 		wait = min(2*wait, joinBackoffMax)
 	}
 }
 
 // seedAddresses turns the seeds into the addresses to join: every address
 // a host name resolves to, without this node's own (self), in order and
-// without repeats. It errs only when there is none.
+// without repeats; and the seeds that could not be resolved, or an error
+// when there is no address at all.
 func seedAddresses(r Resolver, seeds []string, defaultPort int, self string) ([]string, error) {
 	var addrs []string
 	var errs []error
 	for _, seed := range seeds {
 		host, port, err := splitHostPort(seed, defaultPort)
+		if ip := net.ParseIP(strings.Trim(seed, "[]")); ip != nil {
+			// An address with no port; IPv6 in brackets or not.
+			host, port, err = ip.String(), defaultPort, nil
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("seed %q: %w", seed, err))
 			continue
@@ -319,7 +338,7 @@ func (m *Membership) Publish(r dp.Roster, claimant string) {
 	}
 	b = encodeRoster(m.d.currentRoster())
 	for _, n := range m.list.Members() {
-		if n.Address() == claimant && n.Name != m.d.cfg.Name {
+		if keyOf(n) == claimant && n.Name != m.d.cfg.Name {
 			go func() { _ = m.list.SendReliable(n, b) }()
 		}
 	}
@@ -339,14 +358,38 @@ func (m *Membership) sendAll(b []byte) {
 func (m *Membership) Refuse(node string, err error) {
 	b := mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Refused{Refused: &dpnodev1.ClaimRefused{Node: node, Reason: err.Error()}}})
 	for _, n := range m.list.Members() {
-		if n.Address() == node {
+		if keyOf(n) == node {
 			go func() { _ = m.list.SendReliable(n, b) }()
 		}
 	}
 }
 
+// keyOf is a member's identity in the roster: its --node-id, or else its
+// gossip address.
+func keyOf(n *memberlist.Node) string {
+	var meta dpnodev1.NodeMeta
+	if proto.Unmarshal(n.Meta, &meta) == nil && meta.NodeId != "" {
+		return meta.NodeId
+	}
+	return n.Address()
+}
+
 // ErrNoCoordinator says that no coordinator answered a claim for ranks.
 var ErrNoCoordinator = errors.New("no coordinator answered: it runs on the oldest node once the live nodes hold a majority of the deployment's ranks")
+
+// serving lists the members that serve ranks they were not given by a
+// roster (their flags named them): ranks a founder must not take.
+func (m *Membership) serving() []dp.Member {
+	var busy []dp.Member
+	for _, n := range m.list.Members() {
+		var meta dpnodev1.NodeMeta
+		if n.Name == m.d.cfg.Name || proto.Unmarshal(n.Meta, &meta) != nil || meta.ActorAddress == "" || meta.LocalSize == 0 {
+			continue
+		}
+		busy = append(busy, dp.Member{Name: n.Name, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)})
+	}
+	return busy
+}
 
 // claimEvery is how often a claim is sent again until it is answered.
 const claimEvery = time.Second
@@ -365,7 +408,7 @@ func (m *Membership) Claim(ctx context.Context, c dp.Claim, founder bool) (dp.Ho
 			if founder && r.Version == 0 {
 				// Nobody else serves: the founder's ranks are the
 				// deployment's from the start.
-				next, _, err := r.Assign(c, nil, uint64(m.d.cfg.Meta.BootUnixNano))
+				next, _, err := r.Assign(c, m.serving(), uint64(m.d.cfg.Meta.BootUnixNano))
 				if err != nil {
 					return dp.Hold{}, false, err
 				}
@@ -476,7 +519,9 @@ type delegate struct {
 	// selfAddr is this node's gossip address, known once memberlist runs,
 	// which is when peers may already be joining it.
 	selfAddr atomic.Pointer[string]
-	queue    *memberlist.TransmitLimitedQueue
+	// joining is true while this node's own Join runs.
+	joining atomic.Bool
+	queue   *memberlist.TransmitLimitedQueue
 
 	mu      sync.Mutex
 	list    *memberlist.Memberlist
@@ -730,7 +775,9 @@ func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
 		}
 		if _, _, err := d.conflict(p); err != nil {
 			d.mu.Lock()
-			if d.refusal == nil {
+			// Only this node's own join is refused here; a node that
+			// joins this one hears its refusal on its side.
+			if d.refusal == nil && d.joining.Load() {
 				d.refusal = fmt.Errorf("cluster: refused to join: %w", err)
 			}
 			d.mu.Unlock()
@@ -743,7 +790,10 @@ func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
 // NotifyAlive implements memberlist.AliveDelegate: a node that hosts one
 // of this node's ranks, or serves something else, is not accepted as a
 // peer. If it took this node's ranks and is the older of the two (both
-// joined at once), this node is the one that must go.
+// joined at once), this node is the one that must go. So must this node
+// when a newer one with its --node-id serves: this one is the previous
+// incarnation (a pod that was cut off and replaced), and two nodes with
+// one identity would serve the same ranks.
 func (d *delegate) NotifyAlive(peer *memberlist.Node) error {
 	meta, rankTaken, err := d.conflict(peer)
 	d.mu.Lock()
@@ -751,6 +801,10 @@ func (d *delegate) NotifyAlive(peer *memberlist.Node) error {
 	d.mu.Unlock()
 	if rankTaken && meta.BootUnixNano < d.cfg.Meta.BootUnixNano && onConflict != nil {
 		onConflict(fmt.Errorf("cluster: another node took this node's ranks first: %w", err))
+	}
+	if err == nil && meta != nil && d.cfg.NodeID != "" && meta.NodeId == d.cfg.NodeID && peer.Address() != d.addr() &&
+		meta.ActorAddress != "" && meta.BootUnixNano > d.cfg.Meta.BootUnixNano && onConflict != nil {
+		onConflict(fmt.Errorf("cluster: a newer node with this node's --node-id %q serves, at %s: this node is its previous incarnation, and goes", d.cfg.NodeID, peer.Address()))
 	}
 	// A peer that serves something else is refused too; the node that
 	// joined last is refused at its join (NotifyMerge).
@@ -766,7 +820,7 @@ func (d *delegate) event(kind actors.MemberEventKind, n *memberlist.Node) {
 		d.cfg.Logger.Warn("ignoring a member", "error", err)
 		return
 	}
-	ev := &actors.MemberEvent{Kind: kind, Name: n.Name, Key: cmp.Or(meta.NodeId, n.Address()), Meta: meta}
+	ev := &actors.MemberEvent{Kind: kind, Name: n.Name, Key: keyOf(n), Meta: meta}
 	// Under the lock, so that an event is never handed over before one
 	// kept earlier (Attach).
 	d.mu.Lock()

@@ -278,6 +278,8 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--engine-restart-window must be positive, got %v", o.EngineRestartWindow)
 	case o.CollectiveTimeout <= 0:
 		return nil, flagError("--ep-collective-timeout must be positive, got %v", o.CollectiveTimeout)
+	case o.JoinTimeout <= 0:
+		return nil, flagError("--join-timeout must be positive, got %v", o.JoinTimeout)
 	case o.DrainTimeout < 0:
 		return nil, flagError("--drain-timeout must not be negative, got %v", o.DrainTimeout)
 	case o.Headless && (len(o.APIKeys) > 0 || o.APIKeyFile != ""):
@@ -559,7 +561,10 @@ func (o Options) founds() bool {
 	case len(o.Seeds) == 0:
 		return true
 	case o.Founder == FirstOrdinal:
-		return strings.HasSuffix(o.Hostname, "-0")
+		// The short name: a pod's host name may be fully qualified
+		// (setHostnameAsFQDN).
+		short, _, _ := strings.Cut(o.Hostname, ".")
+		return strings.HasSuffix(short, "-0")
 	case o.Founder == "":
 		return false
 	}

@@ -42,6 +42,8 @@ func TestContradictoryFlagsAreRefusedWithOneClearError(t *testing.T) {
 		{"bad port", func(o *Options) { o.Port = 70000 }, "--port must be between"},
 		{"bad host", func(o *Options) { o.Host = "not a host" }, "--host must be"},
 		{"no gpus", func(o *Options) { o.GPUs = 0 }, "--gpus must be at least 1"},
+		{"no join timeout", func(o *Options) { o.JoinTimeout = 0 }, "--join-timeout must be positive"},
+		{"a node ID with a space", func(o *Options) { o.NodeID = "pod 0" }, "--node-id must be"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -141,6 +143,7 @@ func TestFounderRule(t *testing.T) {
 		{[]string{"a:7946"}, "", "gpu-0", false},
 		{[]string{"dpnode:7946"}, FirstOrdinal, "dpnode-0", true},
 		{[]string{"dpnode:7946"}, FirstOrdinal, "dpnode-10", false},
+		{[]string{"dpnode:7946"}, FirstOrdinal, "dpnode-0.dpnode-gossip.serving.svc.cluster.local", true},
 		{[]string{"dpnode:7946"}, FirstOrdinal, "dpnode-1", false},
 		{[]string{"a:7946"}, "gpu-3", "gpu-3.example.internal", true},
 		{[]string{"a:7946"}, "gpu-3", "gpu-30", false},

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -117,7 +118,8 @@ func TestPodsStartInAnyOrder(t *testing.T) {
 // TestStartingNodeAnswers: a node waiting for its seeds (as it would while
 // loading its model) answers on its port at once: /health says starting,
 // and a request gets a 503 it can retry elsewhere, where a port that
-// accepts and never answers would read as hung to a probe.
+// accepts and never answers would read as hung to a probe. SIGTERM stops
+// its wait.
 func TestStartingNodeAnswers(t *testing.T) {
 	const ip = "127.0.0.87"
 	p := spawn(t, ip, dpnodeBin, nodeArgs(ip, "--host", ip, "--port", "8000", "--data-parallel-start-rank", "auto",
@@ -134,5 +136,41 @@ func TestStartingNodeAnswers(t *testing.T) {
 		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), want) || resp.Header.Get("Retry-After") == "" {
 			t.Errorf("GET %s while the node joins: %d %s (Retry-After %q); want 503 with %s", path, resp.StatusCode, body, resp.Header.Get("Retry-After"), want)
 		}
+	}
+	// SIGTERM while it waits (a pod deleted before it joined): it stops
+	// at once, not at the end of --join-timeout, and exits 0.
+	p.signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+		if p.err != nil {
+			t.Fatalf("stopped while joining: %v, want exit 0", p.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("SIGTERM did not stop a node waiting for its seeds")
+	}
+}
+
+// TestNewerNodeWithTheSameIDReplacesTheOlder: two live nodes with one
+// --node-id would serve the same ranks. The newer one, once it serves,
+// takes over: the older (a pod cut off and replaced, still running) goes.
+func TestNewerNodeWithTheSameIDReplacesTheOlder(t *testing.T) {
+	const ipA, ipB = "127.0.0.93", "127.0.0.94"
+	args := func(ip string, extra ...string) []string {
+		return nodeArgs(ip, append([]string{"--host", ip, "--port", "0", "--node-id", "dpnode-0",
+			"--data-parallel-size", "2", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "auto"}, extra...)...)
+	}
+	a := startProc(t, ipA, args(ipA)...)
+	b := startProc(t, ipB, args(ipB, "--seeds", ipA+":7946")...)
+	select {
+	case <-a.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the older node with the same --node-id still runs")
+	}
+	a.waitLog(`a newer node with this node's --node-id "dpnode-0" serves, at 127.0.0.94:7946`, time.Second)
+	b.waitView("the newer node alone, on the ID's ranks", 15*time.Second, func(v clusterView) bool {
+		return len(v.Nodes) == 1 && len(v.Ranks) == 2 && v.Ranks[0].Node == b.name && v.Ranks[0].Ready && v.Ranks[1].Ready
+	})
+	if failed, err := burst(b.url, 12, 3); failed > 0 {
+		t.Fatalf("%d requests failed; first: %v", failed, err)
 	}
 }

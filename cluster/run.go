@@ -66,7 +66,11 @@ type Running struct {
 // and its actor transport, joins the cluster, and serves HTTP unless
 // headless. Every flag problem is reported before anything starts; a node
 // whose ranks another node hosts is refused at the join, before it serves.
-func Start(o Options) (*Running, error) {
+func Start(o Options) (*Running, error) { return StartContext(context.Background(), o) }
+
+// StartContext is Start that gives up waiting for seeds and for ranks when
+// ctx is done (SIGTERM while a pod waits to join).
+func StartContext(ctx context.Context, o Options) (*Running, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -152,7 +156,7 @@ func Start(o Options) (*Running, error) {
 		// The coordinator gives the node its ranks: it joins gossip
 		// first, without ranks, and asks.
 		mcfg.Meta = cfg.PendingMeta()
-		if r.membership, err = StartMembership(mcfg); err != nil {
+		if r.membership, err = StartMembership(ctx, mcfg); err != nil {
 			closeListener()
 			return nil, err
 		}
@@ -161,8 +165,8 @@ func Start(o Options) (*Running, error) {
 			start = -1
 		}
 		o.Logger.Info("joined; asking the coordinator for ranks", "ranks", topo.LocalSize, "gossip", r.membership.Address())
-		ctx, cancel := context.WithTimeout(context.Background(), o.JoinTimeout)
-		hold, err := r.membership.Claim(ctx, dp.Claim{Start: start, Count: topo.LocalSize, Experts: p.experts}, mcfg.Founder)
+		claimCtx, cancel := context.WithTimeout(ctx, o.JoinTimeout)
+		hold, err := r.membership.Claim(claimCtx, dp.Claim{Start: start, Count: topo.LocalSize, Experts: p.experts}, mcfg.Founder)
 		cancel()
 		if err != nil {
 			r.membership.Leave(time.Second)
@@ -245,7 +249,7 @@ func Start(o Options) (*Running, error) {
 	}
 	if r.membership == nil {
 		mcfg.Name, mcfg.Meta = cfg.Name, r.node.Meta()
-		r.membership, err = StartMembership(mcfg)
+		r.membership, err = StartMembership(ctx, mcfg)
 	} else {
 		err = r.membership.SetMeta(r.node.Meta())
 	}
@@ -437,8 +441,13 @@ func (r *Running) shutdown(leave bool) error {
 
 // Run starts a node and serves until ctx is done, then drains.
 func Run(ctx context.Context, o Options) error {
-	r, err := Start(o)
+	r, err := StartContext(ctx, o)
 	if err != nil {
+		if ctx.Err() != nil {
+			// Stopped while it waited to join: nothing to drain.
+			o.Logger.Info("stopped before serving", "error", err)
+			return nil
+		}
 		return err
 	}
 	select {

@@ -50,7 +50,7 @@ func (f *fakeDNS) count() int {
 // given.
 func gossipOn(t *testing.T, ip string, dns Resolver, founder bool, timeout time.Duration, seeds ...string) (*Membership, error) {
 	t.Helper()
-	m, err := StartMembership(MembershipConfig{
+	m, err := StartMembership(context.Background(), MembershipConfig{
 		Name: "node-" + ip, Bind: ip + ":7946", Seeds: seeds, Resolver: dns, Founder: founder, JoinTimeout: timeout,
 		Profile: "local", Meta: &dpnodev1.NodeMeta{Model: "m"}, Logger: slog.New(slog.DiscardHandler),
 	})
@@ -79,6 +79,25 @@ func TestSeedAddressesResolveEveryName(t *testing.T) {
 	}
 	if _, err := seedAddresses(dns, []string{"dpnode-0:http"}, 7946, ""); err == nil {
 		t.Error("a seed with a bad port was taken")
+	}
+	// IPv6: with a port in brackets, and without a port, bracketed or not.
+	got, err = seedAddresses(dns, []string{"[fd00::1]:7000", "[fd00::2]", "fd00::3"}, 7946, "")
+	if want := []string{"[fd00::1]:7000", "[fd00::2]:7946", "[fd00::3]:7946"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("IPv6 seeds: %v, %v; want %v", got, err, want)
+	}
+}
+
+// TestSeedThatIsThisNodeIsNoJoin: a seed that routes back to this node
+// under another address (here its bind address, while it advertises
+// another) answers the join, as memberlist counts it; it is not a cluster
+// to join, and a node that is not the founder keeps waiting.
+func TestSeedThatIsThisNodeIsNoJoin(t *testing.T) {
+	_, err := StartMembership(context.Background(), MembershipConfig{
+		Name: "self-seeded", Bind: "127.0.0.227:7946", Advertise: "127.0.0.228:7946", Seeds: []string{"127.0.0.227:7946"},
+		JoinTimeout: time.Second, Profile: "local", Meta: &dpnodev1.NodeMeta{Model: "m"}, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err == nil || !strings.Contains(err.Error(), "the seeds that answered are this node itself") {
+		t.Fatalf("a node whose only seed is itself: %v; want it to wait for a real one, and say why it gave up", err)
 	}
 }
 

@@ -13,7 +13,8 @@ type Member struct {
 	Boot      int64
 	StartRank int
 	LocalSize int
-	// Key is the node's identity in the roster (its gossip address).
+	// Key is the node's identity in the roster (its --node-id, or else its
+	// gossip address).
 	Key string
 	// Pending: the node is in gossip but has not started its actors (it
 	// waits for its ranks, or loads its model). Its committed ranks count

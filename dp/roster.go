@@ -13,9 +13,9 @@ const MaxRanks = 4096
 
 // Hold is the ranks one node holds: Count ranks from Start on.
 type Hold struct {
-	// Node is the node's stable identity (its gossip address), the same
-	// across its restarts, so that a node that comes back after a crash
-	// finds its ranks.
+	// Node is the node's stable identity (its --node-id, or else its
+	// gossip address), the same across its restarts, so that a node that
+	// comes back after a crash finds its ranks.
 	Node         string
 	Start, Count int
 	// Joining: the ranks are the node's, but it has not started them. A

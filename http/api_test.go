@@ -384,7 +384,10 @@ func TestSeveralPromptsAndChoices(t *testing.T) {
 }
 
 func TestPinnedRankAndBalance(t *testing.T) {
-	ts := startServer(t, 0.01)
+	// Steps of a few modelled milliseconds: at a hundredth of that, a
+	// step is all CPU, and on a starved machine the rank whose engine
+	// gets less of it rightly gets fewer requests, whatever the policy.
+	ts := startServer(t, 0.2)
 	for range 5 {
 		if status, body := ts.post(t, "/v1/completions", `{"prompt":"pinned","max_tokens":2}`, map[string]string{"X-data-parallel-rank": "1"}); status != 200 {
 			t.Fatalf("%d: %s", status, body)

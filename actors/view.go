@@ -186,34 +186,40 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 	if e.Quorum {
 		v.Coordinator.Node = e.Leader.Name
 	}
+	// listed tracks the ranks in v.Ranks; list adds one that is not.
+	listed := make(map[int]bool, len(v.Ranks))
+	for _, r := range v.Ranks {
+		listed[r.Rank] = true
+	}
+	list := func(r RankView) {
+		if !listed[r.Rank] {
+			listed[r.Rank] = true
+			v.Ranks = append(v.Ranks, r)
+		}
+	}
 	if snap := av.snapshot; snap != nil {
 		v.Coordinator.SnapshotSeq, v.Coordinator.LastSnapshot = snap.Seq, time.Unix(0, snap.PublishedUnixNano)
 		v.Coordinator.RanksReported = len(snap.Ranks)
 		v.Coordinator.Wave, v.Coordinator.WaveRunning, v.Coordinator.Group = snap.CurrentWave, snap.EnginesRunning, snap.GroupRanks
 		for _, l := range snap.Ranks {
-			if slices.ContainsFunc(v.Ranks, func(r RankView) bool { return r.Rank == int(l.Rank) }) {
-				continue
-			}
 			if owner[int(l.Rank)] == "" && !mv.roster.Has(int(l.Rank)) {
 				// A rank that left the deployment, last reported by its
 				// engine on the way out.
 				continue
 			}
-			v.Ranks = append(v.Ranks, RankView{Rank: int(l.Rank), Node: owner[int(l.Rank)], Ready: owner[int(l.Rank)] != "",
+			list(RankView{Rank: int(l.Rank), Node: owner[int(l.Rank)], Ready: owner[int(l.Rank)] != "",
 				Waiting: int(l.NumWaiting), Running: int(l.NumRunning), KVUsage: float64(l.KvCacheUsage)})
 		}
 	}
 	// Ranks of members the coordinator has not reported yet.
 	for r, name := range owner {
-		if !slices.ContainsFunc(v.Ranks, func(rv RankView) bool { return rv.Rank == r }) {
-			v.Ranks = append(v.Ranks, RankView{Rank: r, Node: name})
-		}
+		list(RankView{Rank: r, Node: name})
 	}
 	// The deployment's ranks that no member serves: their node died, or
 	// has not joined yet.
 	for r := range mv.roster.Span() {
-		if mv.roster.Has(r) && !slices.ContainsFunc(v.Ranks, func(rv RankView) bool { return rv.Rank == r }) {
-			v.Ranks = append(v.Ranks, RankView{Rank: r})
+		if mv.roster.Has(r) {
+			list(RankView{Rank: r})
 		}
 	}
 	slices.SortFunc(v.Ranks, func(a, b RankView) int { return a.Rank - b.Rank })

@@ -39,9 +39,6 @@ type MembershipConfig struct {
 	Seeds []string
 	// Resolver looks up the host names among Seeds; nil is the system's.
 	Resolver Resolver
-	// NodeID is the node's identity in the roster, as Meta says it; empty
-	// makes it the gossip address.
-	NodeID string
 	// Founder starts a new cluster when none of its seeds answers. The
 	// others keep trying, with backoff, for JoinTimeout; zero tries once.
 	Founder     bool
@@ -53,7 +50,8 @@ type MembershipConfig struct {
 	// missed join goes unseen). Both detect failures as detectFailures
 	// says.
 	Profile string
-	// Meta is what this node gossips about itself.
+	// Meta is what this node gossips about itself; its NodeId, when set,
+	// is the node's identity in the roster (else its gossip address).
 	Meta *dpnodev1.NodeMeta
 	// OnEvent receives membership changes. It runs on memberlist's
 	// goroutines and must not block.
@@ -336,9 +334,14 @@ func (m *Membership) Publish(r dp.Roster, claimant string) {
 		m.sendAll(b)
 		return
 	}
-	b = encodeRoster(m.d.currentRoster())
+	m.sendTo(claimant, encodeRoster(m.d.currentRoster()))
+}
+
+// sendTo sends b over TCP to the other members whose roster identity is
+// key (a node and, until gossip drops it, its previous incarnation).
+func (m *Membership) sendTo(key string, b []byte) {
 	for _, n := range m.list.Members() {
-		if keyOf(n) == claimant && n.Name != m.d.cfg.Name {
+		if n.Name != m.d.cfg.Name && keyOf(n) == key {
 			go func() { _ = m.list.SendReliable(n, b) }()
 		}
 	}
@@ -356,12 +359,7 @@ func (m *Membership) sendAll(b []byte) {
 
 // Refuse tells the node whose key is node that it gets no ranks, and why.
 func (m *Membership) Refuse(node string, err error) {
-	b := mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Refused{Refused: &dpnodev1.ClaimRefused{Node: node, Reason: err.Error()}}})
-	for _, n := range m.list.Members() {
-		if keyOf(n) == node {
-			go func() { _ = m.list.SendReliable(n, b) }()
-		}
-	}
+	m.sendTo(node, mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Refused{Refused: &dpnodev1.ClaimRefused{Node: node, Reason: err.Error()}}}))
 }
 
 // keyOf is a member's identity in the roster: its --node-id, or else its
@@ -691,7 +689,7 @@ func (d *delegate) setAddr(a string) { d.selfAddr.Store(&a) }
 // key is this node's identity in the roster: its --node-id, or else its
 // gossip address.
 func (d *delegate) key() string {
-	return cmp.Or(d.cfg.NodeID, d.addr())
+	return cmp.Or(d.cfg.Meta.NodeId, d.addr())
 }
 
 // addr is this node's gossip address; empty until memberlist runs.
@@ -718,7 +716,7 @@ func (d *delegate) conflict(peer *memberlist.Node) (meta *dpnodev1.NodeMeta, ran
 	if err := mismatch(d.cfg.Meta, meta, peer.Name); err != nil {
 		return meta, false, err
 	}
-	if d.cfg.NodeID != "" && meta.NodeId == d.cfg.NodeID {
+	if d.cfg.Meta.NodeId != "" && meta.NodeId == d.cfg.Meta.NodeId {
 		// This node's previous incarnation, at another address (a pod
 		// recreated elsewhere): its ranks are this node's to take back.
 		return meta, false, nil
@@ -802,9 +800,9 @@ func (d *delegate) NotifyAlive(peer *memberlist.Node) error {
 	if rankTaken && meta.BootUnixNano < d.cfg.Meta.BootUnixNano && onConflict != nil {
 		onConflict(fmt.Errorf("cluster: another node took this node's ranks first: %w", err))
 	}
-	if err == nil && meta != nil && d.cfg.NodeID != "" && meta.NodeId == d.cfg.NodeID && peer.Address() != d.addr() &&
+	if err == nil && meta != nil && d.cfg.Meta.NodeId != "" && meta.NodeId == d.cfg.Meta.NodeId && peer.Address() != d.addr() &&
 		meta.ActorAddress != "" && meta.BootUnixNano > d.cfg.Meta.BootUnixNano && onConflict != nil {
-		onConflict(fmt.Errorf("cluster: a newer node with this node's --node-id %q serves, at %s: this node is its previous incarnation, and goes", d.cfg.NodeID, peer.Address()))
+		onConflict(fmt.Errorf("cluster: a newer node with this node's --node-id %q serves, at %s: this node is its previous incarnation, and goes", d.cfg.Meta.NodeId, peer.Address()))
 	}
 	// A peer that serves something else is refused too; the node that
 	// joined last is refused at its join (NotifyMerge).

@@ -143,7 +143,6 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		Advertise: o.Advertise,
 		Seeds:     o.Seeds,
 		Resolver:  o.Resolver,
-		NodeID:    o.NodeID,
 		Founder:   o.founds(),
 		// The join waits for a seed up to JoinTimeout; the claim that
 		// follows has its own.

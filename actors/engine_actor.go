@@ -411,9 +411,11 @@ func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
 		// supervisor restart the engine and move its requests.
 		panic(fmt.Errorf("engine rank %d: step %d failed: %w", e.cfg.Rank, msg.batch.Step, msg.err))
 	}
+	begin := time.Now()
 	if !msg.batch.Empty() {
 		e.cfg.Metrics.stepTime.Observe(msg.wall.Seconds())
 		e.cfg.Metrics.executorTime.Add(msg.res.Duration.Seconds())
+		e.cfg.Metrics.observeStep(msg.wall, msg.res)
 	}
 	outs := e.sched.Update(msg.batch, msg.res)
 	if e.waves != nil {
@@ -423,6 +425,7 @@ func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
 	}
 	e.sendOutputs(ctx, outs)
 	e.maybeStep(ctx)
+	e.cfg.Metrics.phases[phaseEngine].Add(time.Since(begin).Seconds())
 }
 
 // sendOutputs sends a step's outputs, one message per API server, with the

@@ -3,6 +3,7 @@ package actors
 import (
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -32,6 +33,7 @@ type Metrics struct {
 	preemptions, steps        *prometheus.CounterVec
 	computed, executorTime    *prometheus.CounterVec
 	stepTime                  *prometheus.HistogramVec
+	stepPhases                *prometheus.CounterVec
 	ttft, itl, e2e            *prometheus.HistogramVec
 	restarts, migrated        *prometheus.CounterVec
 	redispatched, failed      *prometheus.CounterVec
@@ -85,7 +87,11 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 		computed:      counter("dpnode_engine_computed_tokens_total", "Tokens the model computed, as its executor counted them: prefix-cache hits are not computed again."),
 		executorTime: counter("dpnode_engine_executor_seconds_total",
 			"The executor's own account of its steps' time: the model's compute in a llama.cpp worker, the modelled time in the simulator."),
-		stepTime:     hist("dpnode_engine_step_seconds", "A step's time as the engine sees it, from handing it to the executor to its result.", shortBuckets),
+		stepTime: hist("dpnode_engine_step_seconds", "A step's time as the engine sees it, from handing it to the executor to its result.", shortBuckets),
+		stepPhases: counter("dpnode_engine_step_phase_seconds_total",
+			"Where steps' time goes, by phase: engine (its own work between a step's result and the next step: outputs, stats, scheduling), "+
+				"transport (to the executor and back), kv_ops (the step's KV moves), model (the forward pass until its outputs are ready), "+
+				"sample (drawing tokens on the host), executor_other (the executor's remaining time: reading the step, filling the batch).", "phase"),
 		ttft:         hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
 		itl:          hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itlBuckets),
 		e2e:          hist("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", e2eBuckets),
@@ -131,7 +137,7 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 			Help: "Times the coordinator this node follows moved to a new epoch after the first (a failover, or a quorum regained)."}),
 	}
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.success, m.promptTokens, m.generation,
-		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.computed, m.executorTime, m.stepTime, m.ttft, m.itl, m.e2e, m.restarts,
+		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.computed, m.executorTime, m.stepTime, m.stepPhases, m.ttft, m.itl, m.e2e, m.restarts,
 		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.engineFailed, m.parked, m.snapshots, m.nodesFoundGone,
 		m.dpSize, m.rosterVersion, m.scaleUps, m.scaleDowns, m.coordEpoch, m.coordHere, m.coordFailovers,
 		m.waves, m.dummySteps, m.collectiveTimeouts, m.waveDuration, m.balance, m.collectiveWait, m.waveStart)
@@ -189,6 +195,8 @@ type rankMetrics struct {
 	preemptions, steps        prometheus.Counter
 	computed, executorTime    prometheus.Counter
 	stepTime                  prometheus.Observer
+	// phases are the step phase series, by stepPhase.
+	phases                    [numStepPhases]prometheus.Counter
 	ttft, itl                 prometheus.Observer
 	restarts, migrated        prometheus.Counter
 	redispatched              prometheus.Counter
@@ -228,16 +236,48 @@ func (m *Metrics) forRank(rank int, local bool) *rankMetrics {
 		rm.computed, rm.executorTime, rm.restarts = counter(), counter(), counter()
 		rm.waves, rm.dummySteps, rm.collectiveTimeouts = counter(), counter(), counter()
 		rm.stepTime, rm.waveDuration, rm.balance, rm.collectiveWait, rm.waveStart = hist(), hist(), hist(), hist(), hist()
+		for i := range rm.phases {
+			rm.phases[i] = counter()
+		}
 		return rm
 	}
 	rm.running, rm.waiting, rm.kvUsage = m.running.With(l), m.waiting.With(l), m.kvUsage.With(l)
 	rm.prefixQueries, rm.prefixHits = m.prefixQueries.With(l), m.prefixHits.With(l)
 	rm.preemptions, rm.steps, rm.computed = m.preemptions.With(l), m.steps.With(l), m.computed.With(l)
 	rm.executorTime, rm.stepTime, rm.restarts = m.executorTime.With(l), m.stepTime.With(l), m.restarts.With(l)
+	for i, name := range stepPhaseNames {
+		rm.phases[i] = m.stepPhases.With(prometheus.Labels{"model_name": m.model, "engine": e, "phase": name})
+	}
 	rm.waves, rm.dummySteps, rm.collectiveTimeouts = m.waves.With(l), m.dummySteps.With(l), m.collectiveTimeouts.With(l)
 	rm.waveDuration, rm.balance = m.waveDuration.With(l), m.balance.With(l)
 	rm.collectiveWait, rm.waveStart = m.collectiveWait.With(l), m.waveStart.With(l)
 	return rm
+}
+
+// stepPhase indexes rankMetrics.phases.
+type stepPhase int
+
+const (
+	phaseEngine stepPhase = iota
+	phaseTransport
+	phaseKVOps
+	phaseModel
+	phaseSample
+	phaseExecutorOther
+	numStepPhases
+)
+
+var stepPhaseNames = [numStepPhases]string{"engine", "transport", "kv_ops", "model", "sample", "executor_other"}
+
+// observeStep adds a step's parts to the phase series: wall is the step as
+// the engine saw it, res the executor's own account.
+func (rm *rankMetrics) observeStep(wall time.Duration, res engine.StepResult) {
+	p := res.Phases
+	rm.phases[phaseTransport].Add(max(0, wall-res.Duration).Seconds())
+	rm.phases[phaseKVOps].Add(p.KVOps.Seconds())
+	rm.phases[phaseModel].Add(p.Model.Seconds())
+	rm.phases[phaseSample].Add(p.Sample.Seconds())
+	rm.phases[phaseExecutorOther].Add(max(0, res.Duration-p.KVOps-p.Model-p.Sample).Seconds())
 }
 
 func (m *Metrics) failedWith(reason string) {

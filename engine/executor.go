@@ -128,6 +128,20 @@ type StepResult struct {
 	// ComputedTokens counts the tokens the model really computed in the
 	// step, as the executor saw it; 0 where the executor does not tell.
 	ComputedTokens int
+	// Phases split Duration where the executor can tell; zero where it
+	// cannot (the simulator).
+	Phases StepPhases
+}
+
+// StepPhases are the parts of an executor's step, so that the next
+// bottleneck can be read off /metrics.
+type StepPhases struct {
+	// KVOps is the step's KV moves (Batch.SeqOps).
+	KVOps time.Duration
+	// Model is the forward pass, until its outputs are ready.
+	Model time.Duration
+	// Sample is drawing the step's tokens from the model's outputs.
+	Sample time.Duration
 }
 
 // Limits are what an executor's model can serve under, for executors that

@@ -143,7 +143,8 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 	if done == nil {
 		return engine.StepResult{}, fmt.Errorf("llamacpp: the worker answered a step with %T", rep.Body)
 	}
-	res := engine.StepResult{Tokens: make([]uint32, len(b.Requests)), Duration: time.Duration(done.ComputeNanos), ComputedTokens: int(done.ComputedTokens)}
+	res := engine.StepResult{Tokens: make([]uint32, len(b.Requests)), Duration: time.Duration(done.ComputeNanos), ComputedTokens: int(done.ComputedTokens),
+		Phases: engine.StepPhases{KVOps: time.Duration(done.KvOpsNanos), Model: time.Duration(done.DecodeNanos), Sample: time.Duration(done.SampleNanos)}}
 	k := 0
 	for i := range b.Requests {
 		if b.Requests[i].SampleIndex < 0 {

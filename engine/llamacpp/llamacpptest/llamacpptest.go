@@ -68,9 +68,9 @@ func Template(t testing.TB, name string) string {
 }
 
 var (
-	modelOnce sync.Once
-	modelPath string
-	modelErr  error
+	modelOnce, benchOnce sync.Once
+	modelPath, benchPath string
+	modelErr, benchErr   error
 )
 
 // Model is the default test model (llamacpp.DefaultTestModel) with Llama
@@ -78,35 +78,58 @@ var (
 // binary.
 func Model(t testing.TB) string {
 	t.Helper()
-	src := Src(t)
+	src, vocab := Src(t), Vocab(t, "llama-bpe")
 	modelOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "dpnode-testmodel-")
-		if err != nil {
-			modelErr = err
-			return
-		}
-		modelPath = filepath.Join(dir, "test-llama.gguf")
-		cfg := llamacpp.DefaultTestModel()
-		cfg.Vocab = filepath.Join(src, "models", "ggml-vocab-llama-bpe.gguf")
 		tmpl, err := os.ReadFile(filepath.Join(src, "models", "templates", "meta-llama-Llama-3.1-8B-Instruct.jinja"))
 		if err != nil {
 			modelErr = err
 			return
 		}
-		cfg.ChatTemplate = string(tmpl)
-		f, err := os.Create(modelPath)
-		if err != nil {
-			modelErr = err
-			return
-		}
-		if modelErr = llamacpp.WriteTestModel(f, cfg); modelErr == nil {
-			modelErr = f.Close()
-		}
+		cfg := llamacpp.DefaultTestModel()
+		cfg.Vocab, cfg.ChatTemplate = vocab, string(tmpl)
+		modelPath, modelErr = writeModel("test-llama.gguf", cfg)
 	})
 	if modelErr != nil {
 		t.Fatal(modelErr)
 	}
 	return modelPath
+}
+
+// BenchModel is the model of the CPU benchmarks (docs/BENCHMARKS.md): 4
+// layers 256 wide, a feed-forward of 768, 4 heads over 2 KV heads, and
+// Llama 3's 128,256-token vocabulary, whose output layer dominates a
+// decode step as a real model's does not. Written once per test binary.
+func BenchModel(t testing.TB) string {
+	t.Helper()
+	vocab := Vocab(t, "llama-bpe")
+	benchOnce.Do(func() {
+		cfg := llamacpp.DefaultTestModel()
+		cfg.Vocab = vocab
+		cfg.Layers, cfg.Embedding, cfg.FeedForward, cfg.Heads, cfg.KVHeads = 4, 256, 768, 4, 2
+		benchPath, benchErr = writeModel("bench-llama.gguf", cfg)
+	})
+	if benchErr != nil {
+		t.Fatal(benchErr)
+	}
+	return benchPath
+}
+
+// writeModel writes a test model to a new temporary folder.
+func writeModel(name string, cfg llamacpp.TestModelConfig) (string, error) {
+	dir, err := os.MkdirTemp("", "dpnode-testmodel-")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, name)
+	f, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	if err := llamacpp.WriteTestModel(f, cfg); err != nil {
+		f.Close()
+		return "", err
+	}
+	return path, f.Close()
 }
 
 var (

@@ -385,6 +385,9 @@ func (c *context) decode(n int) error {
 	c.batch.n_tokens = C.int32_t(n)
 	switch rc := C.llama_decode(c.c, c.batch); rc {
 	case 0:
+		// A GPU backend computes asynchronously: the decode's time is
+		// counted to when its outputs are ready, not to the launch.
+		C.llama_synchronize(c.c)
 		return nil
 	case 1:
 		return errors.New("llama.cpp found no free KV cells for the step")

@@ -198,6 +198,7 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 	start := time.Now()
 	c := s.ctx
 	nSeq := int32(len(s.last))
+	done := &dpnodev1.StepDone{}
 	for _, op := range st.Ops {
 		switch o := op.Op.(type) {
 		case *dpnodev1.KVOp_Copy:
@@ -217,6 +218,7 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 			}
 		}
 	}
+	done.KvOpsNanos = time.Since(start).Nanoseconds()
 	type sampled struct {
 		index int
 		seq   int32
@@ -250,12 +252,15 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 			samples = append(samples, sampled{index: n - 1, seq: q.Seq, p: q.Sample})
 		}
 	}
-	done := &dpnodev1.StepDone{ComputedTokens: uint32(n)}
+	done.ComputedTokens = uint32(n)
 	if n > 0 {
+		t := time.Now()
 		if err := c.decode(n); err != nil {
 			return nil, err
 		}
+		done.DecodeNanos = time.Since(t).Nanoseconds()
 	}
+	sampleStart := time.Now()
 	for _, smp := range samples {
 		s.banned = s.banned[:0]
 		for _, t := range smp.p.BannedTokenIds {
@@ -271,6 +276,8 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		s.last[smp.seq], s.hasLast[smp.seq] = tok, true
 		done.Tokens = append(done.Tokens, tok)
 	}
-	done.ComputeNanos = time.Since(start).Nanoseconds()
+	end := time.Now()
+	done.SampleNanos = end.Sub(sampleStart).Nanoseconds()
+	done.ComputeNanos = end.Sub(start).Nanoseconds()
 	return done, nil
 }

@@ -1021,8 +1021,17 @@ type StepDone struct {
 	Tokens []uint32 `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	// Tokens computed in the step.
 	ComputedTokens uint32 `protobuf:"varint,2,opt,name=computed_tokens,json=computedTokens,proto3" json:"computed_tokens,omitempty"`
-	// How long the decode and the sampling took.
-	ComputeNanos  int64 `protobuf:"varint,3,opt,name=compute_nanos,json=computeNanos,proto3" json:"compute_nanos,omitempty"`
+	// The worker's whole time on the step, from reading it to having its
+	// reply: the parts below and the rest (reading the step, filling the
+	// batch).
+	ComputeNanos int64 `protobuf:"varint,3,opt,name=compute_nanos,json=computeNanos,proto3" json:"compute_nanos,omitempty"`
+	// Carrying out the step's KV moves.
+	KvOpsNanos int64 `protobuf:"varint,4,opt,name=kv_ops_nanos,json=kvOpsNanos,proto3" json:"kv_ops_nanos,omitempty"`
+	// Inside llama_decode, until its outputs are ready (on a GPU the decode
+	// runs asynchronously; the worker waits for it before sampling).
+	DecodeNanos int64 `protobuf:"varint,5,opt,name=decode_nanos,json=decodeNanos,proto3" json:"decode_nanos,omitempty"`
+	// Sampling the step's tokens from the logits, on the host.
+	SampleNanos   int64 `protobuf:"varint,6,opt,name=sample_nanos,json=sampleNanos,proto3" json:"sample_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1074,6 +1083,27 @@ func (x *StepDone) GetComputedTokens() uint32 {
 func (x *StepDone) GetComputeNanos() int64 {
 	if x != nil {
 		return x.ComputeNanos
+	}
+	return 0
+}
+
+func (x *StepDone) GetKvOpsNanos() int64 {
+	if x != nil {
+		return x.KvOpsNanos
+	}
+	return 0
+}
+
+func (x *StepDone) GetDecodeNanos() int64 {
+	if x != nil {
+		return x.DecodeNanos
+	}
+	return 0
+}
+
+func (x *StepDone) GetSampleNanos() int64 {
+	if x != nil {
+		return x.SampleNanos
 	}
 	return 0
 }
@@ -1407,11 +1437,15 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x13\n" +
 	"\x05top_k\x18\x03 \x01(\x05R\x04topK\x12\x12\n" +
 	"\x04seed\x18\x04 \x01(\x04R\x04seed\x12(\n" +
-	"\x10banned_token_ids\x18\x05 \x03(\rR\x0ebannedTokenIds\"p\n" +
+	"\x10banned_token_ids\x18\x05 \x03(\rR\x0ebannedTokenIds\"\xd8\x01\n" +
 	"\bStepDone\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x12'\n" +
 	"\x0fcomputed_tokens\x18\x02 \x01(\rR\x0ecomputedTokens\x12#\n" +
-	"\rcompute_nanos\x18\x03 \x01(\x03R\fcomputeNanos\"h\n" +
+	"\rcompute_nanos\x18\x03 \x01(\x03R\fcomputeNanos\x12 \n" +
+	"\fkv_ops_nanos\x18\x04 \x01(\x03R\n" +
+	"kvOpsNanos\x12!\n" +
+	"\fdecode_nanos\x18\x05 \x01(\x03R\vdecodeNanos\x12!\n" +
+	"\fsample_nanos\x18\x06 \x01(\x03R\vsampleNanos\"h\n" +
 	"\fTokenizeText\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12\x1f\n" +
 	"\vadd_special\x18\x02 \x01(\bR\n" +

@@ -1,0 +1,147 @@
+//go:build llamacpp
+
+package llamacpp_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/engine/llamacpp"
+	"github.com/dpnode/dpnode/engine/llamacpp/llamacpptest"
+)
+
+// These benchmarks drive a worker step by step with batches made by hand,
+// on the benchmark model (llamacpptest.BenchModel) with an F16 KV cache,
+// as the engine's goals in docs/BENCHMARKS.md state them:
+//
+//	make llamacpp && DPNODE_LLAMACPP_SRC=.llamacpp/src go test -tags llamacpp \
+//	  -run '^$' -bench 'Prefill|HostCost' -benchtime 20x ./engine/llamacpp/
+
+func benchExecutor(b *testing.B, maxSeqs, threads int) *llamacpp.Executor {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cfg := engine.SchedulerConfig{MaxNumSeqs: maxSeqs, MaxNumBatchedTokens: 2048, BlockSize: 16, MaxModelLen: 4096}
+	e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{
+		Worker: llamacpp.WorkerConfig{Binary: llamacpptest.Worker(b), Logger: slog.New(slog.DiscardHandler)},
+		Model:  llamacpptest.BenchModel(b), KVCacheBytes: 1 << 30, Scheduler: cfg, Threads: threads, KVCacheDtype: "f16"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { e.Close() })
+	return e
+}
+
+func randomTokens(rng *rand.Rand, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(1000 + rng.IntN(100000))
+	}
+	return out
+}
+
+func execute(b *testing.B, e *llamacpp.Executor, batch *engine.Batch) engine.StepResult {
+	b.Helper()
+	res, err := e.Execute(context.Background(), batch)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return res
+}
+
+// fill computes n tokens of history into each of seqs, one chunk of at
+// most 2,048 tokens a step, sampling nothing.
+func fill(b *testing.B, e *llamacpp.Executor, rng *rand.Rand, seqs []int32, n int) {
+	b.Helper()
+	for _, seq := range seqs {
+		for pos := 0; pos < n; pos += 2048 {
+			k := min(2048, n-pos)
+			execute(b, e, &engine.Batch{Requests: []engine.ScheduledRequest{{Seq: seq, NumComputed: pos, NumNewTokens: k,
+				Tokens: randomTokens(rng, k), SampleIndex: -1, Sampling: &engine.SamplingParams{}}}})
+		}
+	}
+}
+
+// BenchmarkPrefillBesideHeldSequences times a step that prefills a
+// 2,048-token chunk of a new sequence (and samples its next token), with
+// nothing else in the KV cache, and with 24 other sequences holding 1,000
+// tokens each that are not in the step. A layout whose cost follows each
+// sequence's own length makes the two the same.
+func BenchmarkPrefillBesideHeldSequences(b *testing.B) {
+	for _, held := range []int{0, 24} {
+		b.Run(fmt.Sprintf("held=%d", held), func(b *testing.B) {
+			e := benchExecutor(b, 32, 1)
+			rng := rand.New(rand.NewPCG(1, 2))
+			var seqs []int32
+			for s := range held {
+				seqs = append(seqs, int32(s))
+			}
+			fill(b, e, rng, seqs, 1000)
+			chunk := randomTokens(rng, 2048)
+			seq := int32(held)
+			var model time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				batch := &engine.Batch{Requests: []engine.ScheduledRequest{{ID: "new", Seq: seq, NumNewTokens: len(chunk), Tokens: chunk,
+					SampleIndex: 0, Sampling: &engine.SamplingParams{}}}}
+				if i > 0 {
+					batch.SeqOps = []engine.SeqOp{{Kind: engine.SeqRemove, Dst: seq, P0: 0, P1: -1}}
+				}
+				model += execute(b, e, batch).Phases.Model
+			}
+			b.ReportMetric(float64(model.Microseconds())/1000/float64(b.N), "decode-ms/op")
+		})
+	}
+}
+
+// BenchmarkHostCostPerRow times decode steps of 64 sequences that each
+// sample a token, greedy or at temperature 1, and reports the worker's
+// time on the step outside llama_decode per sampled row: with a
+// 128,256-token vocabulary, sampling dominates it.
+func BenchmarkHostCostPerRow(b *testing.B) {
+	const rows, history = 64, 16
+	for _, threads := range []int{1, 2} {
+		for _, temp := range []float32{0, 1} {
+			b.Run(fmt.Sprintf("threads=%d/temperature=%g", threads, temp), func(b *testing.B) {
+				e := benchExecutor(b, rows, threads)
+				rng := rand.New(rand.NewPCG(3, 4))
+				seed := int64(7)
+				sp := &engine.SamplingParams{Temperature: temp, Seed: &seed}
+				// The first step computes each sequence's history and
+				// samples its first token; each step after it decodes
+				// the token sampled last.
+				start := &engine.Batch{}
+				decode := &engine.Batch{}
+				for s := range rows {
+					start.Requests = append(start.Requests, engine.ScheduledRequest{ID: fmt.Sprint(s), Seq: int32(s), NumNewTokens: history,
+						Tokens: randomTokens(rng, history), SampleIndex: 0, Sampling: sp})
+					decode.Requests = append(decode.Requests, engine.ScheduledRequest{ID: fmt.Sprint(s), Seq: int32(s), NumComputed: history,
+						NumNewTokens: 1, SampleIndex: 1, Decode: true, Sampling: sp})
+				}
+				execute(b, e, start)
+				var host time.Duration
+				b.ResetTimer()
+				for range b.N {
+					res := execute(b, e, decode)
+					host += res.Duration - res.Phases.Model
+					b.StopTimer()
+					for i := range decode.Requests {
+						r := &decode.Requests[i]
+						r.NumComputed++
+						r.SampleIndex++
+						if r.NumComputed >= 4000 {
+							b.Fatal("more steps than a sequence holds; use a smaller -benchtime")
+						}
+					}
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(host.Nanoseconds())/1000/float64(b.N*rows), "host-us/row")
+			})
+		}
+	}
+}

@@ -124,11 +124,12 @@ func BenchmarkHostCostPerRow(b *testing.B) {
 						NumNewTokens: 1, SampleIndex: 1, Decode: true, Sampling: sp})
 				}
 				execute(b, e, start)
-				var host time.Duration
+				var host, sample time.Duration
 				b.ResetTimer()
 				for range b.N {
 					res := execute(b, e, decode)
 					host += res.Duration - res.Phases.Model
+					sample += res.Phases.Sample
 					b.StopTimer()
 					for i := range decode.Requests {
 						r := &decode.Requests[i]
@@ -141,6 +142,7 @@ func BenchmarkHostCostPerRow(b *testing.B) {
 					b.StartTimer()
 				}
 				b.ReportMetric(float64(host.Nanoseconds())/1000/float64(b.N*rows), "host-us/row")
+				b.ReportMetric(float64(sample.Nanoseconds())/1000/float64(b.N*rows), "sample-us/row")
 			})
 		}
 	}

@@ -78,53 +78,6 @@ static struct llama_context * dpn_context(struct llama_model * m, unsigned n_ctx
 	return llama_init_from_model(m, p);
 }
 
-// dpn_argmax is greedy sampling over row i of the step's logits, skipping
-// banned tokens: vLLM's greedy, which takes the first of equal maxima.
-static int dpn_argmax(struct llama_context * ctx, int i, int n_vocab, const int * banned, int n_banned) {
-	const float * l = llama_get_logits_ith(ctx, i);
-	int best = -1;
-	float bv = -INFINITY;
-	for (int t = 0; t < n_vocab; t++) {
-		if (l[t] > bv || best < 0) {
-			int skip = 0;
-			for (int b = 0; b < n_banned; b++) {
-				if (banned[b] == t) { skip = 1; break; }
-			}
-			if (!skip) { best = t; bv = l[t]; }
-		}
-	}
-	return best;
-}
-
-// dpn_sample draws from row i with temperature, top-k and top-p, in
-// vLLM's order (temperature first), seeded per token.
-static int dpn_sample(struct llama_context * ctx, int i, int n_vocab, float temp, int top_k, float top_p,
-                      unsigned seed, const int * banned, int n_banned) {
-	struct llama_sampler_chain_params cp = llama_sampler_chain_default_params();
-	cp.no_perf = 1;
-	struct llama_sampler * chain = llama_sampler_chain_init(cp);
-	if (n_banned > 0) {
-		llama_logit_bias * bias = malloc(sizeof(llama_logit_bias) * n_banned);
-		for (int b = 0; b < n_banned; b++) {
-			bias[b].token = banned[b];
-			bias[b].bias = -INFINITY;
-		}
-		llama_sampler_chain_add(chain, llama_sampler_init_logit_bias(n_vocab, n_banned, bias));
-		free(bias);
-	}
-	llama_sampler_chain_add(chain, llama_sampler_init_temp(temp));
-	if (top_k > 0) {
-		llama_sampler_chain_add(chain, llama_sampler_init_top_k(top_k));
-	}
-	if (top_p > 0 && top_p < 1) {
-		llama_sampler_chain_add(chain, llama_sampler_init_top_p(top_p, 1));
-	}
-	llama_sampler_chain_add(chain, llama_sampler_init_dist(seed));
-	int tok = llama_sampler_sample(chain, ctx, i);
-	llama_sampler_free(chain);
-	return tok;
-}
-
 static void dpn_batch_set(struct llama_batch * b, int i, int token, int pos, int seq, int logits) {
 	b->token[i] = token;
 	b->pos[i] = pos;
@@ -396,23 +349,10 @@ func (c *context) decode(n int) error {
 	}
 }
 
-// cInts views Go int32s as C ints, which are 32 bits on every platform
-// llama.cpp's prebuilt libraries serve.
-func cInts(v []int32) *C.int {
-	if len(v) == 0 {
-		return nil
-	}
-	return (*C.int)(unsafe.Pointer(&v[0]))
-}
-
-func (c *context) greedy(i int, banned []int32) uint32 {
-	p := cInts(banned)
-	return uint32(C.dpn_argmax(c.c, C.int(i), C.int(c.nVocab), p, C.int(len(banned))))
-}
-
-func (c *context) sample(i int, temp float32, topK int, topP float32, seed uint32, banned []int32) uint32 {
-	p := cInts(banned)
-	return uint32(C.dpn_sample(c.c, C.int(i), C.int(c.nVocab), C.float(temp), C.int(topK), C.float(topP), C.uint(seed), p, C.int(len(banned))))
+// logits is the row of the step's i-th output in the batch: nVocab floats
+// that llama.cpp owns until the next decode.
+func (c *context) logits(i int) []float32 {
+	return unsafe.Slice((*float32)(unsafe.Pointer(C.llama_get_logits_ith(c.c, C.int32_t(i)))), c.nVocab)
 }
 
 func (c *context) free() {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dpnode/dpnode/engine/llamacpp"
+	"github.com/dpnode/dpnode/engine/llamacpp/sampling"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
@@ -109,7 +110,18 @@ type server struct {
 	// computes unless the engine sends tokens.
 	last    []uint32
 	hasLast []bool
-	banned  []int32
+	// samplers draw a step's tokens, a row per thread at a time.
+	samplers *sampling.Pool
+	// rows and params are the step's rows to sample, kept between steps.
+	rows   []sampleRow
+	params []sampling.Params
+}
+
+// sampleRow is one token a step samples.
+type sampleRow struct {
+	seq    int32
+	logits []float32
+	tok    int32
 }
 
 func (s *server) reply(r *dpnodev1.WorkerReply) error {
@@ -186,12 +198,22 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 		return nil, err
 	}
 	s.ctx = ctx
+	s.samplers = sampling.NewPool(m.nVocab(), int(l.Threads))
 	s.last = make([]uint32, ctx.sequences())
 	s.hasLast = make([]bool, ctx.sequences())
 	ready.KvCells = uint32(ctx.cells())
 	ready.MaxBatchTokens = uint32(ctx.nBatch)
 	ready.Sequences = uint32(ctx.sequences())
 	return ready, nil
+}
+
+// sampleParams are the engine's for a token, as the sampler takes them.
+func sampleParams(p *dpnodev1.SampleParams) sampling.Params {
+	sp := sampling.Params{Temperature: p.Temperature, TopK: p.TopK, TopP: p.TopP, Seed: p.Seed}
+	for _, t := range p.BannedTokenIds {
+		sp.Banned = append(sp.Banned, int32(t))
+	}
+	return sp
 }
 
 func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
@@ -219,12 +241,7 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		}
 	}
 	done.KvOpsNanos = time.Since(start).Nanoseconds()
-	type sampled struct {
-		index int
-		seq   int32
-		p     *dpnodev1.SampleParams
-	}
-	var samples []sampled
+	s.rows, s.params = s.rows[:0], s.params[:0]
 	n := 0
 	for _, q := range st.Sequences {
 		if q.Seq < 0 || q.Seq >= nSeq || q.Pos < 0 {
@@ -249,7 +266,9 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 			n++
 		}
 		if q.Sample != nil {
-			samples = append(samples, sampled{index: n - 1, seq: q.Seq, p: q.Sample})
+			// The batch index of the row, until its logits are out.
+			s.rows = append(s.rows, sampleRow{seq: q.Seq, tok: int32(n - 1)})
+			s.params = append(s.params, sampleParams(q.Sample))
 		}
 	}
 	done.ComputedTokens = uint32(n)
@@ -261,20 +280,19 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		done.DecodeNanos = time.Since(t).Nanoseconds()
 	}
 	sampleStart := time.Now()
-	for _, smp := range samples {
-		s.banned = s.banned[:0]
-		for _, t := range smp.p.BannedTokenIds {
-			s.banned = append(s.banned, int32(t))
-		}
-		var tok uint32
-		if smp.p.Temperature <= 0 {
-			tok = c.greedy(smp.index, s.banned)
-		} else {
-			seed := uint32(smp.p.Seed ^ smp.p.Seed>>32)
-			tok = c.sample(smp.index, smp.p.Temperature, int(smp.p.TopK), smp.p.TopP, seed, s.banned)
-		}
-		s.last[smp.seq], s.hasLast[smp.seq] = tok, true
-		done.Tokens = append(done.Tokens, tok)
+	// llama.cpp hands out the rows one at a time (it may reorder its
+	// outputs on the first); the draws then run on every thread.
+	for i := range s.rows {
+		s.rows[i].logits = c.logits(int(s.rows[i].tok))
+	}
+	s.samplers.Rows(len(s.rows), func(i int, smp *sampling.Sampler) {
+		s.rows[i].tok = smp.Sample(s.rows[i].logits, &s.params[i])
+	})
+	for i := range s.rows {
+		r := &s.rows[i]
+		s.last[r.seq], s.hasLast[r.seq] = uint32(r.tok), true
+		done.Tokens = append(done.Tokens, uint32(r.tok))
+		r.logits = nil
 	}
 	end := time.Now()
 	done.SampleNanos = end.Sub(sampleStart).Nanoseconds()

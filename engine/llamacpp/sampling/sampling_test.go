@@ -1,0 +1,214 @@
+package sampling
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"testing"
+
+	"go.uber.org/goleak"
+	"pgregory.net/rapid"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// ranked is a simple reference: indices by logit, largest first, then by
+// index.
+func ranked(logits []float32) []int {
+	idx := make([]int, len(logits))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(logits[b], logits[a]) })
+	return idx
+}
+
+// probabilities is the reference distribution, in float64: temperature,
+// top-k, then top-p (keeping the fewest most likely tokens whose mass
+// reaches it, scaled by slack to allow for the sampler's float sums).
+func probabilities(logits []float32, p Params, slack float64) []float64 {
+	banned := map[int]bool{}
+	for _, b := range p.Banned {
+		banned[int(b)] = true
+	}
+	l := slices.Clone(logits)
+	for b := range banned {
+		l[b] = float32(math.Inf(-1))
+	}
+	order := ranked(l)
+	if p.TopK > 0 && int(p.TopK) < len(order) {
+		order = order[:p.TopK]
+	}
+	m := float64(l[order[0]])
+	w := make([]float64, len(l))
+	total := 0.0
+	for _, i := range order {
+		w[i] = math.Exp((float64(l[i]) - m) / float64(p.Temperature))
+		total += w[i]
+	}
+	if p.TopP > 0 && p.TopP < 1 {
+		cum, keep := 0.0, 0
+		for keep < len(order) && cum < float64(p.TopP)*total*slack {
+			cum += w[order[keep]]
+			keep++
+		}
+		for _, i := range order[max(keep, 1):] {
+			total -= w[i]
+			w[i] = 0
+		}
+	}
+	for i := range w {
+		w[i] /= total
+	}
+	return w
+}
+
+func draw(logits []float32, p Params) int32 {
+	return NewSampler(len(logits)).Sample(slices.Clone(logits), &p)
+}
+
+// TestGreedyIsTheFirstLargest: any vocabulary size, ties, banned tokens,
+// -inf and huge values.
+func TestGreedyIsTheFirstLargest(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 5000).Draw(t, "n")
+		values := []float32{0, 1, -1, 7.5, 7.5, float32(math.Inf(-1)), 1e30, -1e30}
+		logits := make([]float32, n)
+		for i := range logits {
+			if rapid.Bool().Draw(t, "fromSet") {
+				logits[i] = rapid.SampledFrom(values).Draw(t, "v")
+			} else {
+				logits[i] = rapid.Float32Range(-50, 50).Draw(t, "v")
+			}
+		}
+		var banned []int32
+		for range rapid.IntRange(0, 3).Draw(t, "nBanned") {
+			banned = append(banned, int32(rapid.IntRange(0, n-1).Draw(t, "banned")))
+		}
+		want := ranked(logits)
+		for _, i := range want {
+			if !slices.Contains(banned, int32(i)) {
+				if got := draw(logits, Params{Banned: banned}); got != int32(i) {
+					t.Fatalf("greedy drew %d (%v), want %d (%v)", got, logits[got], i, logits[i])
+				}
+				return
+			}
+		}
+	})
+}
+
+// TestDrawsFollowTheDistribution draws 20,000 times, with seeds 0 to
+// 19,999, from small vocabularies under each filter, and compares each
+// token's frequency with the reference probability. The seeds are fixed,
+// so the counts are too: the bounds are five standard deviations, checked
+// once for all.
+func TestDrawsFollowTheDistribution(t *testing.T) {
+	logits := []float32{2, 1.5, 1.5, 0.3, -1, -4, 3, 2.9, 0, -0.5, 1, -2, -7}
+	for _, p := range []Params{
+		{Temperature: 1},
+		{Temperature: 0.5},
+		{Temperature: 2},
+		{Temperature: 1, TopK: 3},
+		{Temperature: 1, TopP: 0.8},
+		{Temperature: 0.7, TopK: 5, TopP: 0.9},
+		{Temperature: 1, Banned: []int32{6, 0}},
+	} {
+		t.Run(fmt.Sprintf("%+v", p), func(t *testing.T) {
+			const draws = 20000
+			want := probabilities(logits, p, 1)
+			s := NewSampler(len(logits))
+			counts := make([]int, len(logits))
+			for seed := range uint64(draws) {
+				p.Seed = seed
+				counts[s.Sample(slices.Clone(logits), &p)]++
+			}
+			for i, c := range counts {
+				got, pi := float64(c)/draws, want[i]
+				if bound := 5 * math.Sqrt(pi*(1-pi)/draws); math.Abs(got-pi) > bound+1e-9 {
+					t.Errorf("token %d (logit %v): frequency %.4f, want %.4f ± %.4f", i, logits[i], got, pi, bound)
+				}
+			}
+		})
+	}
+}
+
+// TestDrawsStayInTheirSupport: on random rows, up to Llama 3's vocabulary
+// size, a draw is never a token the filters leave out, and the same seed
+// draws the same token.
+func TestDrawsStayInTheirSupport(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.SampledFrom([]int{1, 2, 7, 100, 1023, 1025, 5000, 128256}).Draw(t, "n")
+		flat := rapid.Bool().Draw(t, "flat")
+		rng := rand.New(rand.NewPCG(rapid.Uint64().Draw(t, "rowSeed"), 1))
+		logits := make([]float32, n)
+		for i := range logits {
+			if flat {
+				logits[i] = float32(rng.NormFloat64() * 0.1)
+			} else {
+				logits[i] = float32(rng.NormFloat64() * 4)
+			}
+		}
+		p := Params{Temperature: rapid.Float32Range(0.05, 3).Draw(t, "temperature"), Seed: rapid.Uint64().Draw(t, "seed")}
+		if rapid.Bool().Draw(t, "topK") {
+			p.TopK = int32(rapid.IntRange(1, n+1).Draw(t, "k"))
+		}
+		if rapid.Bool().Draw(t, "topP") {
+			p.TopP = rapid.Float32Range(0.01, 0.999).Draw(t, "p")
+		}
+		got := draw(logits, p)
+		if again := draw(logits, p); again != got {
+			t.Fatalf("the same seed drew %d, then %d", got, again)
+		}
+		if got < 0 || int(got) >= n {
+			t.Fatalf("drew %d of %d tokens", got, n)
+		}
+		// With a little slack for float sums at the nucleus's edge.
+		if probabilities(logits, p, 1+1e-4)[got] == 0 {
+			t.Fatalf("drew token %d (logit %v, rank %d), which %+v leaves out", got, logits[got], slices.Index(ranked(logits), int(got)), p)
+		}
+	})
+}
+
+// TestRowsUsesEveryRowOnce runs rows on a pool of several samplers.
+func TestRowsUsesEveryRowOnce(t *testing.T) {
+	for _, threads := range []int{1, 3} {
+		p := NewPool(64, threads)
+		var seen [100]atomic.Int32
+		p.Rows(100, func(row int, s *Sampler) {
+			logits := make([]float32, 64)
+			logits[row%64] = 1
+			if got := s.Sample(logits, &Params{}); got != int32(row%64) {
+				t.Errorf("row %d drew %d", row, got)
+			}
+			seen[row].Add(1)
+		})
+		for row := range seen {
+			if n := seen[row].Load(); n != 1 {
+				t.Fatalf("%d threads: row %d drawn %d times", threads, row, n)
+			}
+		}
+	}
+}
+
+// BenchmarkSample is one row of Llama 3's vocabulary.
+func BenchmarkSample(b *testing.B) {
+	const n = 128256
+	rng := rand.New(rand.NewPCG(1, 2))
+	logits := make([]float32, n)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64() * 3)
+	}
+	for _, p := range []Params{{}, {Temperature: 1}, {Temperature: 1, TopK: 50}, {Temperature: 1, TopP: 0.95}, {Temperature: 0.8, TopK: 50, TopP: 0.95}} {
+		b.Run(fmt.Sprintf("t=%g,k=%d,p=%g", p.Temperature, p.TopK, p.TopP), func(b *testing.B) {
+			s := NewSampler(n)
+			row := slices.Clone(logits)
+			for i := 0; b.Loop(); i++ {
+				p.Seed = uint64(i)
+				s.Sample(row, &p)
+			}
+		})
+	}
+}

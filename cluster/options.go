@@ -460,10 +460,10 @@ func (p *plan) checkLlamaCpp() error {
 	sc.MaxNumBatchedTokens = orDefault(o.MaxNumBatchedTokens, sc.MaxNumBatchedTokens)
 	sc.MaxModelLen = orDefault(o.MaxModelLen, info.ContextLength)
 	sc.EnablePrefixCaching = !o.NoPrefixCaching
-	// Until a worker says how many cells its memory holds: room for one
-	// sequence, which Validate asks for.
-	sc.NumBlocks = (sc.MaxModelLen + sc.BlockSize - 1) / sc.BlockSize
-	sc.SequenceSlots = sc.MaxNumSeqs
+	// Until a worker says how many streams its memory holds: one per
+	// running sequence, each of the max model length.
+	sc.SequenceSlots, sc.StreamCells = sc.MaxNumSeqs, sc.MaxModelLen
+	sc.NumBlocks = sc.SequenceSlots * ((sc.MaxModelLen + sc.BlockSize - 1) / sc.BlockSize)
 	if err := sc.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", errFlags, err)
 	}

@@ -80,9 +80,9 @@ type Batch struct {
 	// take part in the collective.
 	Collective *Collective
 	// SeqOps are the KV moves an executor that places KV by sequence must
-	// make, in order, before it computes the step's tokens: prefixes a new
-	// request shares with cached ones, and the KV of finished, aborted,
-	// preempted or evicted requests given back.
+	// make, in order, before it computes the step's tokens: cached
+	// prefixes copied to new requests' streams, and the KV of finished,
+	// aborted or evicted requests given back.
 	SeqOps []SeqOp
 }
 
@@ -90,11 +90,12 @@ type Batch struct {
 type SeqOpKind uint8
 
 const (
-	// SeqCopy makes the KV of positions [P0, P1) of sequence Src part of
-	// sequence Dst too, without computing it again: it is shared.
+	// SeqCopy makes sequence Dst's stream a copy of sequence Src's whole
+	// stream (P0 and P1 are -1), without computing it again: llama.cpp
+	// copies whole streams only.
 	SeqCopy SeqOpKind = iota + 1
 	// SeqRemove takes positions [P0, P1) out of sequence Dst (P1 of -1:
-	// to the end); KV no sequence holds any more is freed.
+	// to the end).
 	SeqRemove
 )
 
@@ -150,9 +151,11 @@ type Limits struct {
 	// NumBlocks is the KV cache's capacity in blocks of the scheduler's
 	// block size.
 	NumBlocks int
-	// SequenceSlots is the number of KV sequences (0: KV is not placed by
-	// sequence).
+	// SequenceSlots is the number of KV streams, one per sequence (0: KV
+	// is a pool of blocks).
 	SequenceSlots int
+	// StreamCells is each stream's capacity in tokens.
+	StreamCells int
 	// MaxModelLen is the longest sequence the model serves.
 	MaxModelLen int
 	// MaxBatchTokens is the most tokens a step may compute; 0 for no

@@ -85,16 +85,10 @@ func fnvTokens(seed uint64, tokens []uint32) uint64 {
 
 const noBlock = -1
 
-// kvBlock is one block's state: 56 bytes, so that few of an array of
+// kvBlock is one block's state: 48 bytes, so that few of an array of
 // them straddle two cache lines.
 type kvBlock struct {
 	refCount int32
-	// index is the block's place in every sequence that holds it: its
-	// tokens are at positions [index·blockSize, (index+1)·blockSize).
-	index int32
-	// home is the sequence whose KV holds the block's tokens, when KV is
-	// placed by sequence; noSeq when the block holds nothing.
-	home int32
 	// Links of the free queue, which holds every used block with refCount
 	// 0 in eviction order: the head is evicted first.
 	prev, next int32
@@ -132,12 +126,10 @@ type kvCache struct {
 	numFree int
 	// byHash finds a findable block by its hash's Key.
 	byHash map[uint64]int32
-	// seqs places KV by sequence; nil when blocks alone place it.
-	seqs *seqTable
 }
 
-func newKVCache(numBlocks, blockSize int, prefixCaching bool, seqSlots int) *kvCache {
-	c := &kvCache{
+func newKVCache(numBlocks, blockSize int, prefixCaching bool) *kvCache {
+	return &kvCache{
 		blockSize:     blockSize,
 		prefixCaching: prefixCaching,
 		capacity:      numBlocks,
@@ -145,10 +137,6 @@ func newKVCache(numBlocks, blockSize int, prefixCaching bool, seqSlots int) *kvC
 		tail:          noBlock,
 		byHash:        make(map[uint64]int32),
 	}
-	if seqSlots > 0 {
-		c.seqs = newSeqTable(seqSlots)
-	}
-	return c
 }
 
 // numBlocks is how many blocks have been used: ids from 0 to it.
@@ -179,7 +167,7 @@ func (c *kvCache) takeFresh() int32 {
 		c.blocks = grown
 	}
 	id := int32(len(c.blocks))
-	c.blocks = append(c.blocks, kvBlock{refCount: 1, home: noSeq, prev: noBlock, next: noBlock})
+	c.blocks = append(c.blocks, kvBlock{refCount: 1, prev: noBlock, next: noBlock})
 	return id
 }
 
@@ -231,10 +219,6 @@ func (c *kvCache) popFree() int32 {
 		c.unindex(id)
 	}
 	b.cached = false
-	if c.seqs != nil && b.home != noSeq {
-		// The block leaves the prefix cache: its KV is freed at last.
-		c.unhome(id, true)
-	}
 	b.refCount = 1
 	return id
 }
@@ -256,9 +240,6 @@ func (c *kvCache) touch(id int32) {
 	b := &c.blocks[id]
 	if b.refCount == 0 {
 		c.removeFree(id)
-		if c.seqs != nil && b.home != noSeq {
-			c.seqs.cachedOnly--
-		}
 	}
 	b.refCount++
 }
@@ -308,18 +289,11 @@ func (c *kvCache) allocate(req *Request, numNewTokens int, prefix []int32) bool 
 		for _, id := range prefix {
 			c.touch(id)
 		}
-		if c.seqs != nil {
-			c.sharePrefix(req, prefix)
-		}
 		req.blocks = append(req.blocks, prefix...)
 		req.numCachedBlocks = int32(len(prefix))
 	}
 	for range need {
-		id := c.popFree()
-		if c.seqs != nil {
-			c.home(id, req.seq, len(req.blocks))
-		}
-		req.blocks = append(req.blocks, id)
+		req.blocks = append(req.blocks, c.popFree())
 	}
 	return true
 }
@@ -353,14 +327,6 @@ func (c *kvCache) cacheFullBlocks(req *Request) {
 // release drops req's references. Blocks are queued last block first, so
 // that a prefix's tail is evicted before its head, which more requests share.
 func (c *kvCache) release(req *Request) {
-	if c.seqs != nil {
-		c.releaseSeq(req)
-		return
-	}
-	c.releaseBlocks(req)
-}
-
-func (c *kvCache) releaseBlocks(req *Request) {
 	for i := len(req.blocks) - 1; i >= 0; i-- {
 		c.unref(req.blocks[i])
 	}
@@ -383,10 +349,28 @@ func (c *kvCache) unref(id int32) {
 			b.cached = false
 		}
 		c.pushFree(id)
-		if c.seqs != nil && b.home != noSeq {
-			c.seqs.cachedOnly++
-		}
 	}
 }
+
+// admit implements kvSpace: the longest cached prefix, then blocks for
+// up to budget more tokens.
+func (c *kvCache) admit(req *Request, budget int, _ []*Request) (int, int, bool) {
+	prefix := c.computedPrefix(req)
+	cached := len(prefix) * c.blockSize
+	n := min(req.numTokens()-cached, budget)
+	if !c.allocate(req, n, prefix) {
+		return 0, 0, false
+	}
+	return cached, n, true
+}
+
+// grow implements kvSpace.
+func (c *kvCache) grow(req *Request, n int) bool { return c.allocate(req, n, nil) }
+
+// computed implements kvSpace.
+func (c *kvCache) computed(req *Request) { c.cacheFullBlocks(req) }
+
+// takeOps implements kvSpace: blocks need no moves.
+func (c *kvCache) takeOps() []SeqOp { return nil }
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }

@@ -114,7 +114,7 @@ type Request struct {
 	id              string
 	client          any
 	attempt         uint32
-	// seq is the KV sequence the request holds (SchedulerConfig.
+	// seq is the KV stream the request holds (SchedulerConfig.
 	// SequenceSlots), or noSeq.
 	seq int32
 	// promptHash keys the executor's deterministic sampling.

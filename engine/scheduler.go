@@ -40,14 +40,18 @@ type SchedulerConfig struct {
 	EOSTokenIDs []uint32
 	// VocabSize, when not 0, bounds every token id a request may carry.
 	VocabSize int
-	// SequenceSlots, when not 0, places KV by sequence as well as by block,
-	// for an executor that keeps KV per sequence (llama.cpp): every
-	// running request holds one of this many sequence ids, and so does
-	// every finished request whose computed blocks stay in the prefix
-	// cache, until they are evicted. Steps then carry the token ids to
-	// compute and the sequence moves to make (Batch.SeqOps). 0, the
-	// simulated executor's setting, keeps blocks alone.
+	// SequenceSlots, when not 0, places KV in this many per-sequence
+	// streams of StreamCells tokens each instead of a pool of blocks, for
+	// an executor that keeps KV so (llama.cpp): every running request
+	// holds a stream, and so does every finished request whose blocks the
+	// prefix cache keeps, until its stream is needed (see streamKV). Steps
+	// then carry the token ids to compute and the stream moves to make
+	// (Batch.SeqOps). 0, the simulated executor's setting, keeps a pool
+	// of NumBlocks blocks.
 	SequenceSlots int
+	// StreamCells is each stream's capacity in tokens, at least
+	// MaxModelLen; with SequenceSlots only.
+	StreamCells int
 }
 
 // DefaultSchedulerConfig is vLLM's default for one H100 serving an 8B model.
@@ -81,6 +85,8 @@ func (c SchedulerConfig) Validate() error {
 		return fmt.Errorf("engine: sequence slots must not be negative, got %d", c.SequenceSlots)
 	case c.SequenceSlots > 0 && c.SequenceSlots < c.MaxNumSeqs:
 		return fmt.Errorf("engine: --max-num-seqs (%d) must be at most the model's %d sequence slots", c.MaxNumSeqs, c.SequenceSlots)
+	case c.SequenceSlots > 0 && c.StreamCells < c.MaxModelLen:
+		return fmt.Errorf("engine: a KV stream of %d tokens cannot hold one sequence of the max model length %d", c.StreamCells, c.MaxModelLen)
 	}
 	return nil
 }
@@ -90,9 +96,12 @@ func (c SchedulerConfig) Validate() error {
 // where those are smaller. The result must pass Validate.
 func (c SchedulerConfig) WithLimits(l Limits) (SchedulerConfig, error) {
 	c.NumBlocks = l.NumBlocks
-	c.SequenceSlots = l.SequenceSlots
+	c.SequenceSlots, c.StreamCells = l.SequenceSlots, l.StreamCells
 	if l.MaxModelLen > 0 && l.MaxModelLen < c.MaxModelLen {
 		c.MaxModelLen = l.MaxModelLen
+	}
+	if c.SequenceSlots > 0 && c.StreamCells < c.MaxModelLen {
+		c.MaxModelLen = c.StreamCells
 	}
 	if l.MaxBatchTokens > 0 && l.MaxBatchTokens < c.MaxNumBatchedTokens {
 		c.MaxNumBatchedTokens = l.MaxBatchTokens
@@ -145,7 +154,7 @@ type Stats struct {
 // blocks run out. It is not safe for concurrent use.
 type Scheduler struct {
 	cfg      SchedulerConfig
-	kv       *kvCache
+	kv       kvSpace
 	requests map[string]*Request
 	// eos is cfg.EOSTokenIDs as a set.
 	eos tokenSet
@@ -168,12 +177,17 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Scheduler{
+	s := &Scheduler{
 		cfg:      cfg,
 		eos:      newTokenSet(cfg.EOSTokenIDs),
-		kv:       newKVCache(cfg.NumBlocks, cfg.BlockSize, cfg.EnablePrefixCaching, cfg.SequenceSlots),
 		requests: make(map[string]*Request),
-	}, nil
+	}
+	if cfg.SequenceSlots > 0 {
+		s.kv = newStreamKV(cfg.SequenceSlots, cfg.StreamCells, cfg.BlockSize, cfg.MaxNumSeqs, cfg.EnablePrefixCaching)
+	} else {
+		s.kv = newKVCache(cfg.NumBlocks, cfg.BlockSize, cfg.EnablePrefixCaching)
+	}
+	return s, nil
 }
 
 // Config returns the scheduler's configuration.
@@ -273,12 +287,6 @@ func (s *Scheduler) Stats() Stats {
 	return st
 }
 
-// keptCacheSteps is how many steps' budgets of KV a shared cache keeps for
-// the prefix cache alone when requests hold less (see seqTable). One: on
-// the CPU, with four, prefill steps at 8 clients ran twice as long,
-// attending past the cache's cells.
-const keptCacheSteps = 1
-
 // Schedule picks the next step's batch. Running requests go first (one
 // decode token each, or their next prefill chunk), preempting the most
 // recently admitted when blocks run out; then waiting requests are admitted
@@ -317,14 +325,8 @@ func (s *Scheduler) ScheduleInto(batch *Batch) *Batch {
 	// short, and a new request would only be preempted next.
 	for !preempted && len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs {
 		req := s.waiting[0]
-		// The sequence comes first: freeing one may evict cached blocks,
-		// which the prefix lookup must not find.
-		s.kv.takeSeq(req, s.running)
-		prefix := s.kv.computedPrefix(req)
-		cached := len(prefix) * s.cfg.BlockSize
-		n := min(req.numTokens()-cached, budget)
-		if !s.kv.allocate(req, n, prefix) {
-			s.kv.returnSeq(req)
+		cached, n, ok := s.kv.admit(req, budget, s.running)
+		if !ok {
 			break
 		}
 		req.numComputed = cached
@@ -345,9 +347,6 @@ func (s *Scheduler) ScheduleInto(batch *Batch) *Batch {
 	if len(s.scheduled) > 0 {
 		s.stats.Steps++
 	}
-	// After admission, which takes the prefixes it finds out of the
-	// cache-only count.
-	s.kv.trimKept(s.running, keptCacheSteps*s.cfg.MaxNumBatchedTokens)
 	batch.SeqOps = s.kv.takeOps()
 	return batch
 }
@@ -389,7 +388,7 @@ func (s *Scheduler) add(batch *Batch, req *Request, n int) {
 // preempting from the back of the running queue until they fit. It reports
 // false when req itself had to be preempted.
 func (s *Scheduler) allocateRunning(req *Request, n int) bool {
-	for !s.kv.allocate(req, n, nil) {
+	for !s.kv.grow(req, n) {
 		victim := s.running[len(s.running)-1]
 		s.preempt(victim)
 		if victim == req {
@@ -463,7 +462,7 @@ func (s *Scheduler) AppendUpdate(outs []Output, batch *Batch, res StepResult) []
 		if req.gone {
 			continue
 		}
-		s.kv.cacheFullBlocks(req)
+		s.kv.computed(req)
 		if batch.Requests[i].SampleIndex < 0 {
 			continue
 		}

@@ -45,28 +45,43 @@ func runStep(t tester, s *Scheduler, eosAt map[string]int) (*Batch, []Output) {
 	return b, outs
 }
 
-// checkKVInvariants verifies that block references match what requests
-// hold and that the free queue holds exactly the unreferenced blocks.
+// checkKVInvariants checks the KV space against the requests, and the
+// queues against the requests.
 func checkKVInvariants(t tester, s *Scheduler) {
 	t.Helper()
-	refs := make([]int32, s.kv.numBlocks())
+	switch kv := s.kv.(type) {
+	case *kvCache:
+		checkBlockInvariants(t, s, kv)
+	case *streamKV:
+		checkStreamInvariants(t, s, kv)
+	}
+	if got := len(s.waiting) + len(s.running); got != len(s.requests) {
+		t.Fatalf("%d waiting + %d running, but %d requests", len(s.waiting), len(s.running), len(s.requests))
+	}
+}
+
+// checkBlockInvariants verifies that block references match what requests
+// hold and that the free queue holds exactly the unreferenced blocks.
+func checkBlockInvariants(t tester, s *Scheduler, kv *kvCache) {
+	t.Helper()
+	refs := make([]int32, kv.numBlocks())
 	for _, r := range s.requests {
 		for _, id := range r.blocks {
 			refs[id]++
 		}
 	}
 	free := 0
-	for id := s.kv.head; id != noBlock; id = s.kv.blocks[id].next {
+	for id := kv.head; id != noBlock; id = kv.blocks[id].next {
 		free++
 		if refs[id] != 0 {
 			t.Fatalf("block %d is in the free queue with %d references", id, refs[id])
 		}
 	}
-	if free != s.kv.numFree {
-		t.Fatalf("free queue holds %d blocks, count says %d", free, s.kv.numFree)
+	if free != kv.numFree {
+		t.Fatalf("free queue holds %d blocks, count says %d", free, kv.numFree)
 	}
-	for id := range s.kv.blocks {
-		b := &s.kv.blocks[id]
+	for id := range kv.blocks {
+		b := &kv.blocks[id]
 		if b.refCount != refs[id] {
 			t.Fatalf("block %d: refCount %d, requests hold %d", id, b.refCount, refs[id])
 		}
@@ -74,13 +89,10 @@ func checkKVInvariants(t tester, s *Scheduler) {
 			t.Fatalf("block %d: free=%v with %d references", id, b.free, refs[id])
 		}
 	}
-	for h, id := range s.kv.byHash {
-		if b := &s.kv.blocks[id]; !b.cached || b.hash.Key() != h {
+	for h, id := range kv.byHash {
+		if b := &kv.blocks[id]; !b.cached || b.hash.Key() != h {
 			t.Fatalf("hash index points at block %d which does not hold that hash", id)
 		}
-	}
-	if got := len(s.waiting) + len(s.running); got != len(s.requests) {
-		t.Fatalf("%d waiting + %d running, but %d requests", len(s.waiting), len(s.running), len(s.requests))
 	}
 }
 
@@ -408,12 +420,13 @@ func TestSchedulerProperties(t *testing.T) {
 		}
 		cfg.MaxNumBatchedTokens = rapid.IntRange(cfg.MaxNumSeqs, 96).Draw(t, "budget")
 		cfg.NumBlocks = rapid.IntRange(ceilDiv(cfg.MaxModelLen, cfg.BlockSize), 3*ceilDiv(cfg.MaxModelLen, cfg.BlockSize)).Draw(t, "blocks")
-		var cells *cellModel
+		var cells *streamModel
 		if rapid.Bool().Draw(t, "bySequence") {
-			// Few sequence ids beyond the running ones, so that kept
-			// sequences are evicted often.
+			// Few streams beyond the running ones, so that kept streams
+			// are evicted often.
 			cfg.SequenceSlots = cfg.MaxNumSeqs + rapid.IntRange(0, 3).Draw(t, "keptSlots")
-			cells = newCellModel(cfg.NumBlocks * cfg.BlockSize)
+			cfg.StreamCells = cfg.MaxModelLen + rapid.IntRange(0, 8).Draw(t, "spareCells")
+			cells = newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
 		}
 		s := newTestScheduler(t, cfg)
 
@@ -456,7 +469,15 @@ func TestSchedulerProperties(t *testing.T) {
 				var outs []Output
 				if cells != nil {
 					b := s.Schedule()
-					outs = s.Update(b, cells.step(t, s, b, tokensOf))
+					// A client may go while its request's step runs.
+					if len(b.Requests) > 0 && rapid.IntRange(0, 9).Draw(t, "abortMidStep") == 0 {
+						id := b.Requests[rapid.IntRange(0, len(b.Requests)-1).Draw(t, "abortWhich")].ID
+						s.Abort(id)
+						if !finished[id] {
+							want[id].aborted = true
+						}
+					}
+					outs = s.Update(b, cells.step(t, b, tokensOf))
 				} else {
 					_, outs = runStep(t, s, nil)
 				}
@@ -471,9 +492,6 @@ func TestSchedulerProperties(t *testing.T) {
 				}
 			}
 			checkKVInvariants(t, s)
-			if cells != nil {
-				checkSeqInvariants(t, s)
-			}
 		}
 		for id, w := range want {
 			h := PromptHash(w.prompt, nil)

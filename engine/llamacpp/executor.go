@@ -59,11 +59,17 @@ const MaxSequences = 256
 // model is loaded.
 func NewExecutor(ctx context.Context, cfg ExecutorConfig) (*Executor, error) {
 	sc := cfg.Scheduler
+	// A stream per running sequence and, with the prefix cache, as many
+	// more as the KV memory holds: each keeps a finished request's KV for
+	// the prefix cache until its stream is needed.
 	seqs := min(MaxSequences, max(sc.MaxNumSeqs, 1))
+	if sc.EnablePrefixCaching {
+		seqs = MaxSequences
+	}
 	load := &dpnodev1.LoadModel{
 		Path:           cfg.Model,
 		KvCacheBytes:   cfg.KVCacheBytes,
-		MaxKvCells:     uint32(min(int64(seqs)*int64(sc.MaxModelLen), 1<<30)),
+		StreamCells:    uint32(sc.MaxModelLen),
 		MaxBatchTokens: uint32(sc.MaxNumBatchedTokens),
 		Sequences:      uint32(seqs),
 		Threads:        int32(cfg.Threads),
@@ -80,15 +86,15 @@ func NewExecutor(ctx context.Context, cfg ExecutorConfig) (*Executor, error) {
 	e := &Executor{w: w, ready: ready, limits: engine.Limits{
 		NumBlocks:      int(ready.KvCells) / sc.BlockSize,
 		SequenceSlots:  int(ready.Sequences),
+		StreamCells:    int(ready.StreamCells),
 		MaxModelLen:    int(ready.ContextLength),
 		MaxBatchTokens: int(ready.MaxBatchTokens),
 		EOSTokenIDs:    ready.EogTokenIds,
 		VocabSize:      int(ready.VocabSize),
 	}}
-	if need := (sc.MaxModelLen + sc.BlockSize - 1) / sc.BlockSize; e.limits.NumBlocks < need {
+	if int(ready.StreamCells) < sc.MaxModelLen {
 		w.Close()
-		return nil, fmt.Errorf("llamacpp: the KV cache holds %d tokens (%d bytes a token in %d bytes), less than one sequence of the max model length %d: give it more memory (--kv-cache-memory-bytes) or lower --max-model-len",
-			ready.KvCells, ready.KvBytesPerToken, cfg.KVCacheBytes, sc.MaxModelLen)
+		return nil, fmt.Errorf("llamacpp: the worker's KV streams hold %d tokens, less than the max model length %d", ready.StreamCells, sc.MaxModelLen)
 	}
 	return e, nil
 }

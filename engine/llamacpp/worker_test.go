@@ -60,7 +60,7 @@ func fakeWorker() int {
 				return 1
 			}
 			rep.Body = &dpnodev1.WorkerReply_Ready{Ready: &dpnodev1.ModelReady{Architecture: "llama", ContextLength: 4096, VocabSize: 100,
-				KvCells: 8192, Sequences: b.Load.Sequences, MaxBatchTokens: b.Load.MaxBatchTokens, EogTokenIds: []uint32{98, 99}}}
+				KvCells: 8192, Sequences: b.Load.Sequences, StreamCells: b.Load.StreamCells, MaxBatchTokens: b.Load.MaxBatchTokens, EogTokenIds: []uint32{98, 99}}}
 		case *dpnodev1.WorkerRequest_Step:
 			if path == "die-on-step" {
 				fmt.Fprintln(os.Stderr, "GGML_ASSERT failed: boom")

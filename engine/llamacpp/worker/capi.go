@@ -71,9 +71,9 @@ static struct llama_context * dpn_context(struct llama_model * m, unsigned n_ctx
 	p.flash_attn_type = flash ? LLAMA_FLASH_ATTN_TYPE_AUTO : LLAMA_FLASH_ATTN_TYPE_DISABLED;
 	p.n_threads = threads;
 	p.n_threads_batch = threads;
-	// Sequences share cells: a cached prefix is shared by every sequence
-	// that copies it, which needs one buffer for all of them.
-	p.kv_unified = true;
+	// A KV stream per sequence: a step attends over each sequence's own
+	// cells, whatever the others hold (the scheduler's streamKV).
+	p.kv_unified = false;
 	p.no_perf = true;
 	return llama_init_from_model(m, p);
 }
@@ -313,11 +313,14 @@ func newContext(m *model, cells, batch, seqs, threads int, kvF32, flash bool) (*
 	return &context{c: c, mem: C.llama_get_memory(c), batch: C.llama_batch_init(C.int32_t(n), 0, 1), nBatch: n, nVocab: m.nVocab()}, nil
 }
 
-func (c *context) cells() int     { return int(C.llama_n_ctx(c.c)) }
-func (c *context) sequences() int { return int(C.llama_n_seq_max(c.c)) }
+func (c *context) cells() int       { return int(C.llama_n_ctx(c.c)) }
+func (c *context) sequences() int   { return int(C.llama_n_seq_max(c.c)) }
+func (c *context) streamCells() int { return int(C.llama_n_ctx_seq(c.c)) }
 
-func (c *context) seqCopy(src, dst, p0, p1 int32) {
-	C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), C.llama_pos(p0), C.llama_pos(p1))
+// seqCopy makes dst's stream a copy of src's whole stream; llama.cpp
+// copies the buffer at the next decode.
+func (c *context) seqCopy(src, dst int32) {
+	C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), -1, -1)
 }
 
 func (c *context) seqRemove(seq, p0, p1 int32) bool {

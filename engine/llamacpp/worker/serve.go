@@ -3,10 +3,12 @@
 package worker
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -112,9 +114,13 @@ type server struct {
 	hasLast []bool
 	// samplers draw a step's tokens, a row per thread at a time.
 	samplers *sampling.Pool
-	// rows and params are the step's rows to sample, kept between steps.
-	rows   []sampleRow
-	params []sampling.Params
+	// rows and params are the step's rows to sample, order and outIndex
+	// the batch order of its sequences and each one's last token in the
+	// batch: kept between steps.
+	rows     []sampleRow
+	params   []sampling.Params
+	order    []int
+	outIndex []int32
 }
 
 // sampleRow is one token a step samples.
@@ -182,18 +188,23 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	ready.KvBytesPerToken = m.kvBytesPerToken(elem)
 	ready.ModelBytes = m.size()
 	ready.Device = deviceName(int(l.GpuLayers))
-	cells := uint64(l.MaxKvCells)
-	if ready.KvBytesPerToken > 0 && l.KvCacheBytes > 0 {
-		cells = min(cells, l.KvCacheBytes/ready.KvBytesPerToken)
-	}
-	if cells == 0 {
-		return nil, fmt.Errorf("a KV cache of %d bytes holds no token of this model (%d bytes a token)", l.KvCacheBytes, ready.KvBytesPerToken)
-	}
-	seqs := int(l.Sequences)
+	seqs := uint64(l.Sequences)
 	if seqs < 1 || seqs > 256 {
 		return nil, fmt.Errorf("%d sequences asked; llama.cpp takes 1 to 256", seqs)
 	}
-	ctx, err := newContext(m, int(cells), int(l.MaxBatchTokens), seqs, int(l.Threads), elem == 4, l.FlashAttention)
+	if l.StreamCells < 1 {
+		return nil, errors.New("a KV stream of no cells asked")
+	}
+	// llama.cpp pads each stream to a multiple of 256 cells.
+	stream := (uint64(l.StreamCells) + 255) / 256 * 256
+	if ready.KvBytesPerToken > 0 && l.KvCacheBytes > 0 {
+		seqs = min(seqs, l.KvCacheBytes/(stream*ready.KvBytesPerToken))
+	}
+	if seqs == 0 {
+		return nil, fmt.Errorf("a KV cache of %d bytes (%d bytes a token) holds less than one sequence of the max model length %d: give it more memory (--kv-cache-memory-bytes) or lower --max-model-len",
+			l.KvCacheBytes, ready.KvBytesPerToken, l.StreamCells)
+	}
+	ctx, err := newContext(m, int(seqs*stream), int(l.MaxBatchTokens), int(seqs), int(l.Threads), elem == 4, l.FlashAttention)
 	if err != nil {
 		return nil, err
 	}
@@ -204,6 +215,7 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	ready.KvCells = uint32(ctx.cells())
 	ready.MaxBatchTokens = uint32(ctx.nBatch)
 	ready.Sequences = uint32(ctx.sequences())
+	ready.StreamCells = uint32(ctx.streamCells())
 	return ready, nil
 }
 
@@ -227,7 +239,11 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 			if o.Copy.Src < 0 || o.Copy.Src >= nSeq || o.Copy.Dst < 0 || o.Copy.Dst >= nSeq {
 				return nil, fmt.Errorf("a KV copy between sequences %d and %d, of %d", o.Copy.Src, o.Copy.Dst, nSeq)
 			}
-			c.seqCopy(o.Copy.Src, o.Copy.Dst, o.Copy.P0, o.Copy.P1)
+			if o.Copy.Src == o.Copy.Dst || o.Copy.P0 > 0 || o.Copy.P1 > 0 {
+				return nil, fmt.Errorf("a KV copy of positions [%d, %d) from sequence %d to %d: only whole streams are copied, between two", o.Copy.P0, o.Copy.P1, o.Copy.Src, o.Copy.Dst)
+			}
+			c.seqCopy(o.Copy.Src, o.Copy.Dst)
+			s.hasLast[o.Copy.Dst] = false
 		case *dpnodev1.KVOp_Remove:
 			if o.Remove.Seq < 0 || o.Remove.Seq >= nSeq {
 				return nil, fmt.Errorf("a KV removal from sequence %d, of %d", o.Remove.Seq, nSeq)
@@ -242,11 +258,21 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 	}
 	done.KvOpsNanos = time.Since(start).Nanoseconds()
 	s.rows, s.params = s.rows[:0], s.params[:0]
-	n := 0
-	for _, q := range st.Sequences {
+	// The batch goes in sequence order: llama.cpp computes consecutive
+	// sequences with equal token counts in one pass over the weights, and
+	// splits a step into one pass per run of them.
+	s.order = s.order[:0]
+	for i, q := range st.Sequences {
 		if q.Seq < 0 || q.Seq >= nSeq || q.Pos < 0 {
 			return nil, fmt.Errorf("a step of sequence %d at position %d, of %d sequences", q.Seq, q.Pos, nSeq)
 		}
+		s.order = append(s.order, i)
+	}
+	slices.SortFunc(s.order, func(a, b int) int { return cmp.Compare(st.Sequences[a].Seq, st.Sequences[b].Seq) })
+	s.outIndex = slices.Grow(s.outIndex[:0], len(st.Sequences))[:len(st.Sequences)]
+	n := 0
+	for _, i := range s.order {
+		q := st.Sequences[i]
 		tokens := q.Tokens
 		if len(tokens) == 0 {
 			if !s.hasLast[q.Seq] {
@@ -265,9 +291,13 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 			c.batchToken(n, t, q.Pos+int32(j), q.Seq, last && q.Sample != nil)
 			n++
 		}
+		s.outIndex[i] = int32(n - 1)
+	}
+	// Rows in the step's order, which is the order of the tokens sampled.
+	for i, q := range st.Sequences {
 		if q.Sample != nil {
 			// The batch index of the row, until its logits are out.
-			s.rows = append(s.rows, sampleRow{seq: q.Seq, tok: int32(n - 1)})
+			s.rows = append(s.rows, sampleRow{seq: q.Seq, tok: s.outIndex[i]})
 			s.params = append(s.params, sampleParams(q.Sample))
 		}
 	}

@@ -300,13 +300,13 @@ type LoadModel struct {
 	// Load the tokenizer only: the worker then serves TokenizeText and
 	// GetVocabulary, and no steps.
 	VocabOnly bool `protobuf:"varint,2,opt,name=vocab_only,json=vocabOnly,proto3" json:"vocab_only,omitempty"`
-	// Memory for the KV cache, in bytes: the worker allocates as many KV
-	// cells (one per token of context, across all sequences) as fit, up to
-	// max_kv_cells.
+	// Memory for the KV cache, in bytes: the worker makes as many streams
+	// of stream_cells as fit, up to sequences.
 	KvCacheBytes uint64 `protobuf:"varint,3,opt,name=kv_cache_bytes,json=kvCacheBytes,proto3" json:"kv_cache_bytes,omitempty"`
 	// Most tokens in one step (llama.cpp's n_batch and n_ubatch).
 	MaxBatchTokens uint32 `protobuf:"varint,4,opt,name=max_batch_tokens,json=maxBatchTokens,proto3" json:"max_batch_tokens,omitempty"`
-	// Sequence ids (llama.cpp's n_seq_max).
+	// The most sequences, each with a KV stream of its own (llama.cpp's
+	// n_seq_max, without kv_unified).
 	Sequences uint32 `protobuf:"varint,5,opt,name=sequences,proto3" json:"sequences,omitempty"`
 	// CPU threads for computing.
 	Threads int32 `protobuf:"varint,6,opt,name=threads,proto3" json:"threads,omitempty"`
@@ -315,9 +315,8 @@ type LoadModel struct {
 	// Where the ggml backends are (the CPU variants, CUDA); the worker's
 	// own llamacpp/ folder when empty.
 	BackendDir string `protobuf:"bytes,8,opt,name=backend_dir,json=backendDir,proto3" json:"backend_dir,omitempty"`
-	// More cells than this would never be used (the sequences times the
-	// context length).
-	MaxKvCells uint32 `protobuf:"varint,9,opt,name=max_kv_cells,json=maxKvCells,proto3" json:"max_kv_cells,omitempty"`
+	// Each stream's capacity in tokens: the longest sequence.
+	StreamCells uint32 `protobuf:"varint,12,opt,name=stream_cells,json=streamCells,proto3" json:"stream_cells,omitempty"`
 	// The KV cache's element type: "f16" or "f32".
 	KvCacheDtype string `protobuf:"bytes,10,opt,name=kv_cache_dtype,json=kvCacheDtype,proto3" json:"kv_cache_dtype,omitempty"`
 	// Use flash attention where the backend has it. Off with an F32 KV
@@ -414,9 +413,9 @@ func (x *LoadModel) GetBackendDir() string {
 	return ""
 }
 
-func (x *LoadModel) GetMaxKvCells() uint32 {
+func (x *LoadModel) GetStreamCells() uint32 {
 	if x != nil {
-		return x.MaxKvCells
+		return x.StreamCells
 	}
 	return 0
 }
@@ -442,10 +441,11 @@ type ModelReady struct {
 	Description  string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
 	// The context length the model was trained with.
 	ContextLength uint32 `protobuf:"varint,3,opt,name=context_length,json=contextLength,proto3" json:"context_length,omitempty"`
-	// The KV cells allocated (at least those asked for).
-	KvCells   uint32 `protobuf:"varint,4,opt,name=kv_cells,json=kvCells,proto3" json:"kv_cells,omitempty"`
-	Sequences uint32 `protobuf:"varint,5,opt,name=sequences,proto3" json:"sequences,omitempty"`
-	VocabSize uint32 `protobuf:"varint,6,opt,name=vocab_size,json=vocabSize,proto3" json:"vocab_size,omitempty"`
+	// The KV cells allocated: sequences streams of stream_cells.
+	KvCells     uint32 `protobuf:"varint,4,opt,name=kv_cells,json=kvCells,proto3" json:"kv_cells,omitempty"`
+	Sequences   uint32 `protobuf:"varint,5,opt,name=sequences,proto3" json:"sequences,omitempty"`
+	StreamCells uint32 `protobuf:"varint,15,opt,name=stream_cells,json=streamCells,proto3" json:"stream_cells,omitempty"`
+	VocabSize   uint32 `protobuf:"varint,6,opt,name=vocab_size,json=vocabSize,proto3" json:"vocab_size,omitempty"`
 	// Every end-of-generation token of the vocabulary.
 	EogTokenIds []uint32 `protobuf:"varint,7,rep,packed,name=eog_token_ids,json=eogTokenIds,proto3" json:"eog_token_ids,omitempty"`
 	BosTokenId  int32    `protobuf:"varint,8,opt,name=bos_token_id,json=bosTokenId,proto3" json:"bos_token_id,omitempty"`
@@ -524,6 +524,13 @@ func (x *ModelReady) GetKvCells() uint32 {
 func (x *ModelReady) GetSequences() uint32 {
 	if x != nil {
 		return x.Sequences
+	}
+	return 0
+}
+
+func (x *ModelReady) GetStreamCells() uint32 {
+	if x != nil {
+		return x.StreamCells
 	}
 	return 0
 }
@@ -716,7 +723,7 @@ type isKVOp_Op interface {
 }
 
 type KVOp_Copy struct {
-	// Share positions [p0, p1) of src with dst.
+	// Make dst's stream a copy of src's whole stream (p0 and p1 are -1).
 	Copy *KVCopy `protobuf:"bytes,1,opt,name=copy,proto3,oneof"`
 }
 
@@ -1372,7 +1379,7 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"vocabulary\x18\x05 \x01(\v2\x15.dpnode.v1.VocabularyH\x00R\n" +
 	"vocabulary\x12.\n" +
 	"\x05error\x18\x06 \x01(\v2\x16.dpnode.v1.WorkerErrorH\x00R\x05errorB\x06\n" +
-	"\x04body\"\xf7\x02\n" +
+	"\x04body\"\xfe\x02\n" +
 	"\tLoadModel\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1d\n" +
 	"\n" +
@@ -1384,19 +1391,20 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\n" +
 	"gpu_layers\x18\a \x01(\x05R\tgpuLayers\x12\x1f\n" +
 	"\vbackend_dir\x18\b \x01(\tR\n" +
-	"backendDir\x12 \n" +
-	"\fmax_kv_cells\x18\t \x01(\rR\n" +
-	"maxKvCells\x12$\n" +
+	"backendDir\x12!\n" +
+	"\fstream_cells\x18\f \x01(\rR\vstreamCells\x12$\n" +
 	"\x0ekv_cache_dtype\x18\n" +
 	" \x01(\tR\fkvCacheDtype\x12'\n" +
-	"\x0fflash_attention\x18\v \x01(\bR\x0eflashAttention\"\xe1\x03\n" +
+	"\x0fflash_attention\x18\v \x01(\bR\x0eflashAttentionJ\x04\b\t\x10\n" +
+	"\"\x84\x04\n" +
 	"\n" +
 	"ModelReady\x12\"\n" +
 	"\farchitecture\x18\x01 \x01(\tR\farchitecture\x12 \n" +
 	"\vdescription\x18\x02 \x01(\tR\vdescription\x12%\n" +
 	"\x0econtext_length\x18\x03 \x01(\rR\rcontextLength\x12\x19\n" +
 	"\bkv_cells\x18\x04 \x01(\rR\akvCells\x12\x1c\n" +
-	"\tsequences\x18\x05 \x01(\rR\tsequences\x12\x1d\n" +
+	"\tsequences\x18\x05 \x01(\rR\tsequences\x12!\n" +
+	"\fstream_cells\x18\x0f \x01(\rR\vstreamCells\x12\x1d\n" +
 	"\n" +
 	"vocab_size\x18\x06 \x01(\rR\tvocabSize\x12\"\n" +
 	"\reog_token_ids\x18\a \x03(\rR\veogTokenIds\x12 \n" +

@@ -1,0 +1,301 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+)
+
+// streamModel is a deliberately simple model of llama.cpp's KV cache with
+// a stream per sequence: a stream holds the KV of positions 0, 1, ... of
+// its sequence, up to its capacity. It carries out a step's SeqOps and
+// tokens as llama.cpp would and checks what llama.cpp checks (a copy is
+// of a whole stream; positions continue the sequence; the stream has
+// room), and what only a real model would show: that a sequence's cells
+// hold the KV of exactly its request's tokens. A cell's KV is modelled by
+// a hash chained over every token up to its position.
+type streamModel struct {
+	cells   int
+	streams [][]uint64
+	// last is the token each sequence last sampled.
+	last map[int32]uint32
+	// computed counts the tokens decoded, as a worker counts them;
+	// copies counts whole-stream copies.
+	computed, copies int
+}
+
+func newStreamModel(streams, cells int) *streamModel {
+	return &streamModel{cells: cells, streams: make([][]uint64, streams), last: map[int32]uint32{}}
+}
+
+func chainKV(prev uint64, tok uint32) uint64 {
+	x := (prev ^ uint64(tok)) * 0x9E3779B97F4A7C15
+	return x ^ x>>31
+}
+
+func (m *streamModel) apply(t tester, op SeqOp) {
+	t.Helper()
+	switch op.Kind {
+	case SeqCopy:
+		if op.P0 > 0 || op.P1 > 0 || op.Src == op.Dst {
+			t.Fatalf("copy %+v: llama.cpp copies only whole streams, to another stream", op)
+		}
+		m.streams[op.Dst] = slices.Clone(m.streams[op.Src])
+		delete(m.last, op.Dst)
+		m.copies++
+	case SeqRemove:
+		st := m.streams[op.Dst]
+		if op.P1 >= 0 && int(op.P1) < len(st) {
+			t.Fatalf("remove %+v: a hole in the middle of stream %d (%d positions)", op, op.Dst, len(st))
+		}
+		m.streams[op.Dst] = st[:min(len(st), int(op.P0))]
+		if op.P0 == 0 {
+			delete(m.last, op.Dst)
+		}
+	default:
+		t.Fatalf("unknown op %+v", op)
+	}
+}
+
+// step carries out a batch for requests whose full tokens (prompt, then
+// output so far) tokensOf gives, and samples with testToken.
+func (m *streamModel) step(t tester, b *Batch, tokensOf func(id string) []uint32) StepResult {
+	t.Helper()
+	for _, op := range b.SeqOps {
+		m.apply(t, op)
+	}
+	res := StepResult{Tokens: make([]uint32, len(b.Requests))}
+	seen := map[int32]bool{}
+	for i, r := range b.Requests {
+		if seen[r.Seq] {
+			t.Fatalf("step %d: stream %d twice in one step", b.Step, r.Seq)
+		}
+		seen[r.Seq] = true
+		all := tokensOf(r.ID)
+		st := m.streams[r.Seq]
+		if len(st) != r.NumComputed {
+			t.Fatalf("step %d: %s in stream %d: %d positions hold KV, but %d tokens are computed", b.Step, r.ID, r.Seq, len(st), r.NumComputed)
+		}
+		var kv uint64
+		for p := 0; p < r.NumComputed; p++ {
+			kv = chainKV(kv, all[p])
+			if st[p] != kv {
+				t.Fatalf("step %d: %s in stream %d: the KV at position %d is not that of its tokens", b.Step, r.ID, r.Seq, p)
+			}
+		}
+		toks := r.Tokens
+		if toks == nil {
+			last, ok := m.last[r.Seq]
+			if !ok || r.NumNewTokens != 1 {
+				t.Fatalf("step %d: %s sends no tokens, but stream %d sampled none to continue from", b.Step, r.ID, r.Seq)
+			}
+			toks = []uint32{last}
+		}
+		if len(toks) != r.NumNewTokens || !slices.Equal(toks, all[r.NumComputed:r.NumComputed+r.NumNewTokens]) {
+			t.Fatalf("step %d: %s computes tokens %v, want %v", b.Step, r.ID, toks, all[r.NumComputed:r.NumComputed+r.NumNewTokens])
+		}
+		if len(st)+len(toks) > m.cells {
+			t.Fatalf("step %d: stream %d holds %d and needs %d more, capacity %d", b.Step, r.Seq, len(st), len(toks), m.cells)
+		}
+		for _, tok := range toks {
+			kv = chainKV(kv, tok)
+			st = append(st, kv)
+		}
+		m.streams[r.Seq] = st
+		m.computed += len(toks)
+		if r.SampleIndex >= 0 {
+			res.Tokens[i] = testToken(r.PromptHash, r.SampleIndex)
+			m.last[r.Seq] = res.Tokens[i]
+		}
+	}
+	return res
+}
+
+// checkStreamInvariants checks the streams against the running requests
+// and the prefix index against the streams.
+func checkStreamInvariants(t tester, s *Scheduler, kv *streamKV) {
+	t.Helper()
+	owners := 0
+	for i := range kv.streams {
+		st := &kv.streams[i]
+		if st.req != nil {
+			owners++
+			if st.req.seq != int32(i) || st.req.gone {
+				t.Fatalf("stream %d holds %s, which is gone or holds stream %d", i, st.req.id, st.req.seq)
+			}
+		}
+		if len(st.blocks)*kv.blockSize > st.used {
+			t.Fatalf("stream %d: %d full blocks in %d positions", i, len(st.blocks), st.used)
+		}
+		if st.req == nil && len(st.blocks) == 0 && st.used != 0 {
+			t.Fatalf("free stream %d holds %d positions", i, st.used)
+		}
+	}
+	if owners != len(s.running) {
+		t.Fatalf("%d streams hold requests, %d run", owners, len(s.running))
+	}
+	for _, r := range s.running {
+		if r.seq == noSeq || kv.streams[r.seq].req != r {
+			t.Fatalf("running %s does not hold its stream %d", r.id, r.seq)
+		}
+	}
+	for key, st := range kv.byHash {
+		if !slices.ContainsFunc(kv.streams[st].blocks, func(h BlockHash) bool { return h.Key() == key }) {
+			t.Fatalf("the prefix index finds a block in stream %d, which does not hold it", st)
+		}
+	}
+}
+
+func streamConfig(streams, maxSeqs int) SchedulerConfig {
+	cfg := testConfig()
+	cfg.MaxNumSeqs, cfg.SequenceSlots, cfg.StreamCells = maxSeqs, streams, cfg.MaxModelLen
+	cfg.NumBlocks = streams * cfg.StreamCells / cfg.BlockSize
+	return cfg
+}
+
+// serveWithStreams serves one request alone to its end with the stream
+// model as executor, adding its tokens to out.
+func serveWithStreams(t *testing.T, s *Scheduler, m *streamModel, id string, p []uint32, maxTokens int, out map[string][]uint32) {
+	t.Helper()
+	if err := s.Add(NewRequest{ID: id, Prompt: p, Sampling: SamplingParams{MaxTokens: maxTokens, IgnoreEOS: true}}); err != nil {
+		t.Fatal(err)
+	}
+	tokensOf := func(string) []uint32 { return slices.Concat(p, out[id]) }
+	for s.HasWork() {
+		b := s.Schedule()
+		for _, o := range s.Update(b, m.step(t, b, tokensOf)) {
+			out[o.ID] = append(out[o.ID], o.NewTokens...)
+		}
+		checkKVInvariants(t, s)
+	}
+}
+
+// TestPrefixHitComputesOnlyTheRest checks with the stream model that a
+// second request sharing a long prefix with a finished one computes only
+// its own tokens: the prefix's KV is reused, not recomputed.
+func TestPrefixHitComputesOnlyTheRest(t *testing.T) {
+	cfg := streamConfig(8, 8)
+	s := newTestScheduler(t, cfg)
+	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
+	shared := prompt(1, 40)
+	prompts := map[string][]uint32{"a": slices.Concat(shared, []uint32{7, 8, 9}), "b": slices.Concat(shared, []uint32{5, 6})}
+	out := map[string][]uint32{}
+	serveWithStreams(t, s, m, "a", prompts["a"], 3, out)
+	before := m.computed
+	serveWithStreams(t, s, m, "b", prompts["b"], 3, out)
+	// b's prompt is 42 tokens; the 40 shared ones are 10 full blocks.
+	if got, want := m.computed-before, 42-40+2; got != want {
+		t.Fatalf("the second request computed %d tokens, want %d (its 2 own prompt tokens and 2 decodes)", got, want)
+	}
+	if st := s.Stats(); st.PrefixHits != 40 {
+		t.Fatalf("prefix hits %d, want 40", st.PrefixHits)
+	}
+	// a's stream holds more than the hit (its own tokens): b copies it
+	// into a free stream, and a's stays for a's own next turn.
+	if m.copies != 1 {
+		t.Fatalf("%d stream copies, want 1", m.copies)
+	}
+}
+
+// TestConversationTakesItsStreamBack: a request that continues a finished
+// one (its prompt is the first's prompt and output, and more) takes the
+// first's kept stream over, with nothing copied.
+func TestConversationTakesItsStreamBack(t *testing.T) {
+	cfg := streamConfig(4, 2)
+	s := newTestScheduler(t, cfg)
+	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
+	out := map[string][]uint32{}
+	first := prompt(3, 21)
+	serveWithStreams(t, s, m, "turn1", first, 12, out)
+	seq := slices.IndexFunc(s.kv.(*streamKV).streams, func(st kvStream) bool { return len(st.blocks) > 0 })
+	before := m.computed
+	second := slices.Concat(first, out["turn1"], prompt(4, 6))
+	serveWithStreams(t, s, m, "turn2", second, 2, out)
+	// 21 + 12 tokens, of which the last sampled was never computed: 32
+	// computed, 8 full blocks.
+	if got, want := m.computed-before, len(second)-32+1; got != want {
+		t.Fatalf("the second turn computed %d tokens, want %d", got, want)
+	}
+	if m.copies != 0 {
+		t.Fatalf("%d stream copies, want none", m.copies)
+	}
+	if kept := s.kv.(*streamKV).streams[seq]; len(kept.blocks) < 8 {
+		t.Fatalf("stream %d holds %d blocks after the second turn, want the conversation's", seq, len(kept.blocks))
+	}
+}
+
+// TestPrefixHitCopiesARunningStream: a request arriving while another with
+// the same prefix runs gets the prefix from the running stream.
+func TestPrefixHitCopiesARunningStream(t *testing.T) {
+	cfg := streamConfig(4, 4)
+	s := newTestScheduler(t, cfg)
+	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
+	shared := prompt(5, 32)
+	prompts := map[string][]uint32{"a": slices.Concat(shared, []uint32{1}), "b": slices.Concat(shared, []uint32{2, 3})}
+	out := map[string][]uint32{}
+	tokensOf := func(id string) []uint32 { return slices.Concat(prompts[id], out[id]) }
+	step := func() {
+		b := s.Schedule()
+		for _, o := range s.Update(b, m.step(t, b, tokensOf)) {
+			out[o.ID] = append(out[o.ID], o.NewTokens...)
+		}
+		checkKVInvariants(t, s)
+	}
+	for _, id := range []string{"a", "b"} {
+		if err := s.Add(NewRequest{ID: id, Prompt: prompts[id], Sampling: SamplingParams{MaxTokens: 4, IgnoreEOS: true}}); err != nil {
+			t.Fatal(err)
+		}
+		step()
+	}
+	for s.HasWork() {
+		step()
+	}
+	if hits := s.Stats().PrefixHits; hits != 32 || m.copies != 1 {
+		t.Fatalf("prefix hits %d with %d copies, want 32 with 1", hits, m.copies)
+	}
+	if m.computed != 33+3+2+3 {
+		t.Fatalf("computed %d tokens, want a's 33 and 3 decodes, b's own 2 and 3 decodes", m.computed)
+	}
+}
+
+// TestKeptStreamsAreEvictedForNewRequests fills every stream with finished
+// requests' cached prefixes, then admits more: the least recently used
+// kept stream is given up, and its blocks leave the cache.
+func TestKeptStreamsAreEvictedForNewRequests(t *testing.T) {
+	cfg := streamConfig(3, 2)
+	s := newTestScheduler(t, cfg)
+	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
+	out := map[string][]uint32{}
+	for i := range 6 {
+		serveWithStreams(t, s, m, fmt.Sprint("r", i), prompt(i, 12), 2, out)
+	}
+	kv := s.kv.(*streamKV)
+	for i := range kv.streams {
+		if len(kv.streams[i].blocks) == 0 {
+			t.Fatalf("stream %d keeps nothing; want all 3 kept", i)
+		}
+	}
+	// The first prompts' blocks went with their streams.
+	if _, n := kv.lookup(&Request{prompt: prompt(0, 12), seq: noSeq}); n != 0 {
+		t.Fatalf("r0's prefix still found (%d blocks) after its stream was evicted", n)
+	}
+	if _, n := kv.lookup(&Request{prompt: prompt(5, 12), seq: noSeq}); n != 2 {
+		t.Fatalf("r5's prefix: %d blocks found, want 2", n)
+	}
+}
+
+// TestSharedBlocksStayFindable: a block several streams hold stays
+// findable when the stream the index named is evicted.
+func TestSharedBlocksStayFindable(t *testing.T) {
+	cfg := streamConfig(3, 1)
+	s := newTestScheduler(t, cfg)
+	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
+	out := map[string][]uint32{}
+	shared := prompt(7, 16)
+	for i := range 5 {
+		serveWithStreams(t, s, m, fmt.Sprint("r", i), slices.Concat(shared, prompt(10+i, 9)), 2, out)
+	}
+	if _, n := s.kv.(*streamKV).lookup(&Request{prompt: slices.Concat(shared, prompt(99, 9)), seq: noSeq}); n != 4 {
+		t.Fatalf("the shared prefix: %d blocks found, want 4", n)
+	}
+}

@@ -130,7 +130,7 @@ inter-token gaps of a long run) read from log buckets, within 0.4%.`,
 	f.IntVar(&o.prefixLen, "prefix-len", 1024, "tokens of each shared prefix")
 	f.StringVar(&o.trace, "trace", "", "replay a trace: JSON lines (timestamp ms, input_length, output_length, hash_ids) or Azure's CSV")
 	f.Float64Var(&o.traceSpeed, "trace-speed", 1, "replay the trace this many times faster (ignored with --rate or --load)")
-	f.IntVar(&o.traceBlock, "trace-block-tokens", TraceBlockTokens, "tokens per hash id of the trace")
+	f.IntVar(&o.traceBlock, "trace-block-tokens", TraceBlockTokens, "tokens per hash id of the trace; its prompt lengths scale with it (16 divides them by 32)")
 	f.IntVar(&o.maxModelLen, "max-model-len", 32768, "cut prompts and outputs to fit this context")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the workload and of random policies")
 	f.StringVar(&o.out, "out", "", "write the results as JSON here")

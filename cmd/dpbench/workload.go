@@ -268,11 +268,13 @@ func (c *burstClock) next() time.Duration {
 const TraceBlockTokens = 512
 
 // LoadTrace reads a trace: JSON lines with timestamp (ms), input_length,
-// output_length and optionally hash_ids (prefix blocks of blockTokens
-// tokens, as Mooncake's), or a CSV with TIMESTAMP, ContextTokens and
-// GeneratedTokens (as Azure's LLM inference traces). Arrivals keep the
-// trace's spacing, divided by speed; at most limit requests are read (0:
-// all).
+// output_length and optionally hash_ids (prefix blocks of 512 tokens, as
+// Mooncake's), or a CSV with TIMESTAMP, ContextTokens and GeneratedTokens
+// (as Azure's LLM inference traces). A hash id becomes blockTokens
+// tokens, and a JSON trace's prompt lengths scale with it (by
+// blockTokens/512), so that a small model replays the trace's sharing at
+// its own scale. Arrivals keep the trace's spacing, divided by speed; at
+// most limit requests are read (0: all).
 func LoadTrace(path string, blockTokens int, speed float64, limit, maxModelLen int) ([]Item, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -324,18 +326,19 @@ func readJSONTrace(r io.Reader, blockTokens, limit int) ([]Item, error) {
 		if tl.Timestamp == nil || tl.InputLength < 1 || tl.OutputLength < 1 {
 			return nil, fmt.Errorf("line %d: want timestamp, input_length and output_length of at least 1", line)
 		}
+		inputLen := max(1, (tl.InputLength*blockTokens+TraceBlockTokens-1)/TraceBlockTokens)
 		var prompt []uint32
 		for _, h := range tl.HashIDs {
-			if len(prompt) >= tl.InputLength {
+			if len(prompt) >= inputLen {
 				break
 			}
 			prompt = append(prompt, tokens(h, blockTokens)...)
 		}
-		if len(prompt) < tl.InputLength {
+		if len(prompt) < inputLen {
 			// Past the shared blocks: this request's own tokens.
-			prompt = append(prompt, tokens(uint64(line)<<32|0xfeed, tl.InputLength-len(prompt))...)
+			prompt = append(prompt, tokens(uint64(line)<<32|0xfeed, inputLen-len(prompt))...)
 		}
-		prompt = prompt[:tl.InputLength]
+		prompt = prompt[:inputLen]
 		items = append(items, Item{Arrival: time.Duration(*tl.Timestamp * float64(time.Millisecond)), Prompt: prompt, MaxTokens: tl.OutputLength})
 	}
 	return items, sc.Err()

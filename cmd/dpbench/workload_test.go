@@ -141,6 +141,18 @@ func TestLoadMooncakeStyleTrace(t *testing.T) {
 	if !slices.Equal(items[0].Prompt[:512], items[1].Prompt[:512]) || slices.Equal(items[0].Prompt[512:600], items[1].Prompt[512:600]) {
 		t.Fatal("requests sharing hash id 0 must share exactly their first 512 tokens")
 	}
+	// At 16 tokens a hash id, prompts are 32 times shorter, and still
+	// share exactly their first block.
+	small, err := LoadTrace(path, 16, 1, 0, 32768)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(small[0].Prompt) != 35 || len(small[1].Prompt) != 19 || len(small[2].Prompt) != 1 {
+		t.Fatalf("scaled lengths %d, %d, %d; want 35, 19, 1", len(small[0].Prompt), len(small[1].Prompt), len(small[2].Prompt))
+	}
+	if !slices.Equal(small[0].Prompt[:16], small[1].Prompt[:16]) || slices.Equal(small[0].Prompt[16:19], small[1].Prompt[16:19]) {
+		t.Fatal("scaled requests sharing hash id 0 must share exactly their first 16 tokens")
+	}
 	if _, err := LoadTrace(path, 512, 1, 1, 32768); err != nil {
 		t.Fatal(err)
 	}

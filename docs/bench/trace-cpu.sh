@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# dpnode's llama.cpp engine against plain llama-servers behind nginx, on a
+# real trace with shared prefixes, side by side, ROUNDS times.
+#
+# Two ranks of one CPU thread each, on the same random-weight model with
+# Llama 3's tokenizer (4 layers 256 wide, 128,256-token vocabulary), F16 KV:
+#   nginx          two llama-servers (-t 1 -np 16, their own prompt caches)
+#                  behind nginx least_conn
+#   dpnode-live    dpnode, two ranks, its live balancing with prefix affinity
+#   dpnode-rr      the same, round robin
+#   dpnode-nopc    dpnode live, --no-enable-prefix-caching
+# The workload is Mooncake's conversation trace (../shared/data): the
+# first REQUESTS requests, hash blocks of 16 tokens (prompt lengths divided
+# by 32), outputs cut to 48, greedy, as Poisson arrivals at RATES per
+# second (the trace's own spacing is hours).
+#
+# Needs make llamacpp, nginx, and llama-server built from the same
+# llama.cpp source (LLAMA_SERVER; see docs/bench/llamacpp.sh for the build).
+# BEFORE=DIR adds dpnode-before: a dpnode and worker built from an earlier
+# commit, in DIR/dpnode and DIR/dpnode-llama-worker.
+source "$(dirname "$0")/common.sh"
+ROUNDS=${ROUNDS:-3}
+RATES=${RATES:-3,6}
+REQUESTS=${REQUESTS:-200}
+TARGETS=${TARGETS:-nginx dpnode-live dpnode-rr dpnode-nopc${BEFORE:+ dpnode-before}}
+TRACE=${TRACE:-../shared/data/mooncake-fast25/conversation_trace.jsonl}
+LLAMA_SERVER=${LLAMA_SERVER:-$HOME/.cache/dpnode/llama-server-build/bin/llama-server}
+WORKER=$PWD/bin/dpnode-llama-worker
+MODEL=/tmp/dpnode-bench/tracemodel.gguf
+[ -x "$WORKER" ] || { echo "run make llamacpp first" >&2; exit 1; }
+[ -x "$LLAMA_SERVER" ] || { echo "no llama-server at $LLAMA_SERVER (see docs/bench/llamacpp.sh)" >&2; exit 1; }
+[ -f "$TRACE" ] || { echo "no trace at $TRACE" >&2; exit 1; }
+command -v nginx >/dev/null || { echo "needs nginx (apt-get install nginx)" >&2; exit 1; }
+export DPNODE_LLAMACPP_WORKER=$WORKER
+# --whole-characters: llama-server answers 500 to a completion that ends
+# inside a UTF-8 character.
+"$DPNODE" testmodel --vocab .llamacpp/src/models/ggml-vocab-llama-bpe.gguf --whole-characters \
+  --embedding 256 --layers 4 --feed-forward 768 --heads 4 --kv-heads 2 --out "$MODEL" >/dev/null
+
+work=(--trace "$TRACE" --trace-block-tokens 16 --output-max 48 --max-model-len 4096 --requests "$REQUESTS"
+  --rate "$RATES" --temperature 0 --quiet)
+dpnode_args=(join --engine llamacpp --model "$MODEL" --host 127.0.0.1 --port 18000 --bind 127.0.0.1:17946
+  --data-parallel-rpc-port 0 --gpus 2 --threads 1 --kv-cache-dtype float16 --kv-cache-memory-bytes 512MiB
+  --max-num-seqs 16 --max-model-len 4096 --log-level warn)
+
+start() {
+  case "$1" in
+  nginx)
+    for i in 0 1; do
+      "$LLAMA_SERVER" -m "$MODEL" -t 1 -tb 1 -np 16 -c $((16 * 4096)) --host 127.0.0.1 --port $((18101 + i)) \
+        >>/tmp/dpnode-bench/llama-server.log 2>&1 & PIDS+=($!)
+    done
+    wait_http http://127.0.0.1:18101/v1/models && wait_http http://127.0.0.1:18102/v1/models
+    cat >/tmp/dpnode-bench/nginx-trace.conf <<NGINX
+worker_processes 1;
+error_log /tmp/dpnode-bench/nginx-error.log;
+pid /tmp/dpnode-bench/nginx.pid;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  upstream ranks { least_conn; server 127.0.0.1:18101; server 127.0.0.1:18102; keepalive 64; }
+  server {
+    listen 127.0.0.1:18000;
+    location / {
+      proxy_pass http://ranks;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 600s;
+    }
+  }
+}
+NGINX
+    nginx -c /tmp/dpnode-bench/nginx-trace.conf -g 'daemon off;' & PIDS+=($!)
+    ;;
+  dpnode-live) "$DPNODE" "${dpnode_args[@]}" --balance-policy live 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
+  dpnode-rr) "$DPNODE" "${dpnode_args[@]}" --balance-policy round-robin 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
+  dpnode-nopc) "$DPNODE" "${dpnode_args[@]}" --balance-policy live --no-enable-prefix-caching 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
+  dpnode-before)
+    DPNODE_LLAMACPP_WORKER=$BEFORE/dpnode-llama-worker "$BEFORE/dpnode" "${dpnode_args[@]}" --balance-policy live \
+      2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
+  esac
+  # A model worker takes seconds to load: wait up to a minute.
+  for _ in $(seq 300); do curl -fsS -o /dev/null http://127.0.0.1:18000/v1/models 2>/dev/null && return 0; sleep 0.2; done
+  echo "$1 did not start" >&2
+  return 1
+}
+
+for round in $(seq "$ROUNDS"); do
+  for target in $TARGETS; do
+    metrics=()
+    [ "$target" = nginx ] && metrics=(--metrics-url none)
+    start "$target"
+    "$DPBENCH" --url http://127.0.0.1:18000 "${metrics[@]}" "${work[@]}" --label "$target" --out "$OUT/trace-cpu-$target-r$round.json"
+    stop_all
+  done
+done
+
+# The table: median (min-max) over the rounds, by rate; then the goals.
+python3 - "$OUT" "$ROUNDS" $TARGETS <<'PY' | tee "$OUT/trace-cpu-table.md"
+import json, sys, statistics
+out, rounds, targets = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+runs = {t: [json.load(open(f"{out}/trace-cpu-{t}-r{r}.json"))["runs"] for r in range(1, rounds + 1)] for t in targets}
+rates = [r["offered_rate"] for r in runs[targets[0]][0]]
+def med(t, i, key, pct):
+    xs = [rs[i][key][pct] for rs in runs[t]]
+    return statistics.median(xs), min(xs), max(xs)
+def fmt(v):
+    m, lo, hi = v
+    u = lambda x: f"{x:.0f}" if x >= 10 else f"{x:.1f}"
+    return f"{u(m)} ({u(lo)}-{u(hi)})"
+print("| rate/s | target | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | E2E p99 ms | failed |")
+print("|---|---|---|---|---|---|---|---|---|")
+for i, rate in enumerate(rates):
+    for t in targets:
+        cells = [fmt(med(t, i, k, p)) for k, p in [("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("itl_ms", "p50"), ("itl_ms", "p99"), ("e2e_ms", "p99")]]
+        failed = sum(rs[i]["failed"] for rs in runs[t])
+        print(f"| {rate:g} | {t} | " + " | ".join(cells) + f" | {failed} |")
+if "nginx" in targets and "dpnode-live" in targets:
+    print()
+    for i, rate in enumerate(rates):
+        ratio = lambda a, b, k, p: med(a, i, k, p)[0] / med(b, i, k, p)[0]
+        line = (f"rate {rate:g}/s: dpnode live / nginx: TTFT p90 {ratio('dpnode-live', 'nginx', 'ttft_ms', 'p90'):.2f}x, "
+                f"E2E p99 {ratio('dpnode-live', 'nginx', 'e2e_ms', 'p99'):.2f}x")
+        if "dpnode-nopc" in targets:
+            line += f"; prefix cache off / on: TTFT p90 {ratio('dpnode-nopc', 'dpnode-live', 'ttft_ms', 'p90'):.2f}x"
+        print(line)
+PY
+files=()
+for target in $TARGETS; do files+=("$OUT/trace-cpu-$target-r1.json"); done
+"$DPBENCH" plot "${files[@]}" --out docs/bench/trace-cpu.svg \
+  --title "two CPU ranks, Mooncake conversation trace (prompts /32, outputs <= 48): dpnode against llama-servers behind nginx"

@@ -123,8 +123,8 @@ inter-token gaps of a long run) read from log buckets, within 0.4%.`,
 	f.DurationVar(&o.timeout, "timeout", 10*time.Minute, "limit on one request")
 	f.StringVar(&o.input, "input-len", "lognormal:1000,1", "prompt lengths: fixed:N, uniform:LO,HI, lognormal:MEDIAN,SIGMA or pareto:MIN,ALPHA")
 	f.StringVar(&o.output, "output-len", "lognormal:200,1", "output lengths, as --input-len")
-	f.IntVar(&o.inputMax, "input-max", 0, "cut drawn prompt lengths to this (0: no cut)")
-	f.IntVar(&o.outputMax, "output-max", 0, "cut drawn output lengths to this (0: no cut)")
+	f.IntVar(&o.inputMax, "input-max", 0, "cut prompt lengths, drawn or a trace's, to this (0: no cut)")
+	f.IntVar(&o.outputMax, "output-max", 0, "cut output lengths, drawn or a trace's, to this (0: no cut)")
 	f.StringVar(&o.label, "label", "", "name this target's runs in the table, the JSON and plots (dpbench plot merges several)")
 	f.IntVar(&o.prefixGroups, "prefix-groups", 0, "give each prompt one of this many shared prefixes")
 	f.IntVar(&o.prefixLen, "prefix-len", 1024, "tokens of each shared prefix")
@@ -468,12 +468,20 @@ func steadyThroughput(outs []Outcome) float64 {
 
 // workload is n requests of the workload, and what they are.
 func (o *options) workload(n int, seed uint64) (Workload, string, error) {
+	if o.inputMax < 0 || o.outputMax < 0 {
+		return nil, "", errors.New("--input-max and --output-max must not be negative")
+	}
 	if o.trace != "" {
 		items, err := LoadTrace(o.trace, o.traceBlock, o.traceSpeed, n, o.maxModelLen)
 		if err != nil {
 			return nil, "", err
 		}
-		return func() Items { return sliceItems(items) }, fmt.Sprintf("trace %s, first %d requests", o.trace, len(items)), nil
+		cutItems(items, o.inputMax, o.outputMax)
+		describe := fmt.Sprintf("trace %s, first %d requests", o.trace, len(items))
+		if o.inputMax > 0 || o.outputMax > 0 {
+			describe += fmt.Sprintf(" (cut at %d and %d)", o.inputMax, o.outputMax)
+		}
+		return func() Items { return sliceItems(items) }, describe, nil
 	}
 	in, err := ParseDist(o.input)
 	if err != nil {
@@ -485,9 +493,6 @@ func (o *options) workload(n int, seed uint64) (Workload, string, error) {
 	}
 	if o.prefixGroups < 0 || o.prefixLen < 0 {
 		return nil, "", errors.New("--prefix-groups and --prefix-len must not be negative")
-	}
-	if o.inputMax < 0 || o.outputMax < 0 {
-		return nil, "", errors.New("--input-max and --output-max must not be negative")
 	}
 	s := Synthetic{Requests: n, Input: in, Output: out, InputMax: o.inputMax, OutputMax: o.outputMax, PrefixGroups: o.prefixGroups, PrefixLen: o.prefixLen, MaxModelLen: o.maxModelLen, Seed: seed}
 	describe := fmt.Sprintf("synthetic, %d requests, prompts %s, outputs %s", n, in, out)

@@ -212,6 +212,19 @@ func fitItem(it *Item, maxModelLen int) {
 	it.MaxTokens = max(1, min(it.MaxTokens, maxModelLen-len(it.Prompt)))
 }
 
+// cutItems cuts prompts to inputMax tokens and outputs to outputMax (0:
+// no cut).
+func cutItems(items []Item, inputMax, outputMax int) {
+	for i := range items {
+		if inputMax > 0 && len(items[i].Prompt) > inputMax {
+			items[i].Prompt = items[i].Prompt[:inputMax]
+		}
+		if outputMax > 0 {
+			items[i].MaxTokens = min(items[i].MaxTokens, outputMax)
+		}
+	}
+}
+
 // Poisson spaces items as arrivals at rate per second.
 func Poisson(items []Item, rate float64, seed uint64) {
 	Bursts(items, rate, 1, seed)

@@ -153,6 +153,11 @@ func TestLoadMooncakeStyleTrace(t *testing.T) {
 	if !slices.Equal(small[0].Prompt[:16], small[1].Prompt[:16]) || slices.Equal(small[0].Prompt[16:19], small[1].Prompt[16:19]) {
 		t.Fatal("scaled requests sharing hash id 0 must share exactly their first 16 tokens")
 	}
+	// --input-max and --output-max cut a trace as they cut drawn lengths.
+	cutItems(items, 700, 6)
+	if len(items[0].Prompt) != 700 || len(items[1].Prompt) != 600 || items[0].MaxTokens != 5 || items[1].MaxTokens != 6 {
+		t.Fatalf("cut: prompts %d, %d; outputs %d, %d", len(items[0].Prompt), len(items[1].Prompt), items[0].MaxTokens, items[1].MaxTokens)
+	}
 	if _, err := LoadTrace(path, 512, 1, 1, 32768); err != nil {
 		t.Fatal(err)
 	}

@@ -46,12 +46,16 @@ var (
 // chains over all tokens before it. A request whose prompt starts with
 // blocks a stream holds gets them without computing them:
 //
-//   - from a kept stream that holds nothing more: it takes that stream
-//     over, and its tail past the hit is removed;
-//   - otherwise it is given a stream of its own (a free one, else the
-//     least recently used kept one) and the holder's whole stream is
-//     copied into it, which is the only copy llama.cpp makes between
-//     streams, and the copy's tail past the hit is removed.
+//   - from a kept stream: it takes that stream over, and the stream's
+//     tail past the hit is removed (a conversation coming back finds its
+//     last turn so);
+//   - from a running stream, when the hit is at least copyMinTokens: it
+//     is given a stream of its own (a free one, else the least recently
+//     used kept one) and the holder's whole stream is copied into it,
+//     which is the only copy llama.cpp makes between streams, and the
+//     copy's tail past the hit is removed. A copy costs llama.cpp a new
+//     worst-case graph besides the memory: on the benchmark CPU, 50 to
+//     80 ms, what computing 500 tokens costs; a shorter hit is computed.
 //
 // A request without a hit takes a free stream, else the least recently
 // used kept one. New streams are the lowest free ids, so that running
@@ -65,6 +69,9 @@ type streamKV struct {
 	// running bounds the running requests: usage is a share of what they
 	// may hold.
 	running int
+	// copyMinTokens is the shortest hit worth copying a running stream
+	// for (DefaultStreamCopyMinTokens).
+	copyMinTokens int
 	streams []kvStream
 	// byHash finds a stream that holds a block, by the Key of the block's
 	// hash; the stream's blocks have the whole hash.
@@ -88,12 +95,18 @@ type kvStream struct {
 	lastUsed uint64
 }
 
+// DefaultStreamCopyMinTokens is the shortest prefix hit for which a
+// request copies a running request's stream rather than computing the
+// prefix again (see streamKV).
+const DefaultStreamCopyMinTokens = 1024
+
 func newStreamKV(streams, cells, blockSize, maxRunning int, prefixCaching bool) *streamKV {
 	return &streamKV{
 		blockSize:     blockSize,
 		prefixCaching: prefixCaching,
 		cells:         cells,
 		running:       min(streams, maxRunning),
+		copyMinTokens: DefaultStreamCopyMinTokens,
 		streams:       make([]kvStream, streams),
 		byHash:        make(map[uint64]int32),
 	}
@@ -108,8 +121,9 @@ func (k *streamKV) takeOps() []SeqOp {
 }
 
 // lookup finds the longest prefix of req's full blocks that a stream
-// holds: the stream and the blocks. At least one token is always left to
-// compute, because the step that computes it samples the next one.
+// holds: a kept stream that holds it where there is one, and the blocks.
+// At least one token is always left to compute, because the step that
+// computes it samples the next one.
 func (k *streamKV) lookup(req *Request) (int32, int) {
 	if !k.prefixCaching {
 		return noSeq, 0
@@ -124,6 +138,14 @@ func (k *streamKV) lookup(req *Request) (int32, int) {
 			break
 		}
 		src, m = s, i+1
+	}
+	if m > 0 && k.streams[src].req != nil {
+		last := req.blockHashes[m-1]
+		for s := range k.streams {
+			if st := &k.streams[s]; st.req == nil && len(st.blocks) >= m && st.blocks[m-1] == last {
+				return int32(s), m
+			}
+		}
 	}
 	return src, m
 }
@@ -148,21 +170,15 @@ func (k *streamKV) pick(avoid int32) int32 {
 
 func (k *streamKV) admit(req *Request, budget int, _ []*Request) (int, int, bool) {
 	src, m := k.lookup(req)
+	if m > 0 && k.streams[src].req != nil && m*k.blockSize < k.copyMinTokens {
+		// Computed again for less than the copy would cost.
+		src, m = noSeq, 0
+	}
 	cached := m * k.blockSize
-	var dst int32
-	switch {
-	case m > 0 && k.streams[src].req == nil && len(k.streams[src].blocks) == m:
-		// A kept stream that holds nothing past the hit (a conversation
-		// coming back): take it over.
-		dst = src
-	default:
+	dst := src
+	if m == 0 || k.streams[src].req != nil {
 		if dst = k.pick(src); dst == noSeq {
-			if m == 0 || k.streams[src].req != nil {
-				return 0, 0, false
-			}
-			// Every other stream runs: the kept holder of the hit gives up
-			// what it holds past it.
-			dst = src
+			return 0, 0, false
 		}
 	}
 	st := &k.streams[dst]

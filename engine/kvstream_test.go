@@ -190,10 +190,10 @@ func TestPrefixHitComputesOnlyTheRest(t *testing.T) {
 	if st := s.Stats(); st.PrefixHits != 40 {
 		t.Fatalf("prefix hits %d, want 40", st.PrefixHits)
 	}
-	// a's stream holds more than the hit (its own tokens): b copies it
-	// into a free stream, and a's stays for a's own next turn.
-	if m.copies != 1 {
-		t.Fatalf("%d stream copies, want 1", m.copies)
+	// a's kept stream holds more than the hit (a's own tokens): b takes
+	// it over and cuts it, with nothing copied.
+	if m.copies != 0 {
+		t.Fatalf("%d stream copies, want none", m.copies)
 	}
 }
 
@@ -225,10 +225,19 @@ func TestConversationTakesItsStreamBack(t *testing.T) {
 }
 
 // TestPrefixHitCopiesARunningStream: a request arriving while another with
-// the same prefix runs gets the prefix from the running stream.
+// the same prefix runs gets the prefix from the running stream, by a copy
+// when the prefix is at least copyMinTokens long, and computes it again
+// when shorter.
 func TestPrefixHitCopiesARunningStream(t *testing.T) {
+	for _, copyMin := range []int{32, 33} {
+		t.Run(fmt.Sprint("copyMin=", copyMin), func(t *testing.T) { testPrefixHitCopiesARunningStream(t, copyMin) })
+	}
+}
+
+func testPrefixHitCopiesARunningStream(t *testing.T, copyMin int) {
 	cfg := streamConfig(4, 4)
 	s := newTestScheduler(t, cfg)
+	s.kv.(*streamKV).copyMinTokens = copyMin
 	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
 	shared := prompt(5, 32)
 	prompts := map[string][]uint32{"a": slices.Concat(shared, []uint32{1}), "b": slices.Concat(shared, []uint32{2, 3})}
@@ -249,6 +258,12 @@ func TestPrefixHitCopiesARunningStream(t *testing.T) {
 	}
 	for s.HasWork() {
 		step()
+	}
+	if copyMin > 32 {
+		if hits := s.Stats().PrefixHits; hits != 0 || m.copies != 0 || m.computed != 33+3+34+3 {
+			t.Fatalf("a hit shorter than copyMinTokens: %d hits, %d copies, %d computed; want none, none, 73", hits, m.copies, m.computed)
+		}
+		return
 	}
 	if hits := s.Stats().PrefixHits; hits != 32 || m.copies != 1 {
 		t.Fatalf("prefix hits %d with %d copies, want 32 with 1", hits, m.copies)

@@ -429,6 +429,10 @@ func TestSchedulerProperties(t *testing.T) {
 			cells = newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
 		}
 		s := newTestScheduler(t, cfg)
+		if cells != nil {
+			// Hits on running streams copied, or computed again.
+			s.kv.(*streamKV).copyMinTokens = rapid.SampledFrom([]int{1, 1 << 30}).Draw(t, "copyMinTokens")
+		}
 
 		type expect struct {
 			prompt  []uint32

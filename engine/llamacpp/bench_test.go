@@ -147,3 +147,24 @@ func BenchmarkHostCostPerRow(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkStreamCopy times a step that copies a sequence's whole stream
+// (1,000 tokens of history) into another before computing one token of
+// the copy: what a prefix hit on another request's stream costs.
+func BenchmarkStreamCopy(b *testing.B) {
+	e := benchExecutor(b, 32, 1)
+	rng := rand.New(rand.NewPCG(5, 6))
+	fill(b, e, rng, []int32{0}, 1000)
+	var model, ops time.Duration
+	b.ResetTimer()
+	for range b.N {
+		res := execute(b, e, &engine.Batch{
+			SeqOps: []engine.SeqOp{{Kind: engine.SeqCopy, Src: 0, Dst: 1, P0: -1, P1: -1}, {Kind: engine.SeqRemove, Dst: 1, P0: 992, P1: -1}},
+			Requests: []engine.ScheduledRequest{{ID: "hit", Seq: 1, NumComputed: 992, NumNewTokens: 1, Tokens: randomTokens(rng, 1),
+				SampleIndex: 0, Sampling: &engine.SamplingParams{}}}})
+		model += res.Phases.Model
+		ops += res.Phases.KVOps
+	}
+	b.ReportMetric(float64(model.Microseconds())/1000/float64(b.N), "decode-ms/op")
+	b.ReportMetric(float64(ops.Microseconds())/1000/float64(b.N), "ops-ms/op")
+}

@@ -269,6 +269,14 @@ func (e *EngineActor) executorStarted(ctx actor.Context, msg *executorStarted) {
 			closeExecutor(msg.exec)
 			panic(&StartError{Rank: e.cfg.Rank, Err: err})
 		}
+		if cfg.SequenceSlots > 0 {
+			e.cfg.Logger.Info("KV streams", "rank", e.cfg.Rank, "streams", cfg.SequenceSlots, "tokens_each", cfg.StreamCells,
+				"running_at_most", cfg.MaxNumSeqs, "kept_for_prefix_cache", cfg.SequenceSlots-cfg.MaxNumSeqs)
+		}
+		if cfg.MaxNumSeqs < e.cfg.Scheduler.MaxNumSeqs {
+			e.cfg.Logger.Warn("the KV cache holds fewer sequences than --max-num-seqs: fewer run at once; more KV memory (--kv-cache-memory-bytes) or a shorter --max-model-len gives more",
+				"rank", e.cfg.Rank, "max_num_seqs", cfg.MaxNumSeqs, "asked", e.cfg.Scheduler.MaxNumSeqs)
+		}
 	}
 	sched, err := engine.NewScheduler(cfg)
 	if err != nil {

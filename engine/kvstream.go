@@ -72,7 +72,7 @@ type streamKV struct {
 	// copyMinTokens is the shortest hit worth copying a running stream
 	// for (DefaultStreamCopyMinTokens).
 	copyMinTokens int
-	streams []kvStream
+	streams       []kvStream
 	// byHash finds a stream that holds a block, by the Key of the block's
 	// hash; the stream's blocks have the whole hash.
 	byHash map[uint64]int32

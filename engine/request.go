@@ -133,6 +133,9 @@ type Request struct {
 	// numCachedTokens is the prefix-cache hit of the first schedule, reported
 	// with the first output.
 	numCachedTokens int
+	// passedOver counts the prefill steps that passed this request's
+	// prefill over for shorter ones (streams only).
+	passedOver int
 }
 
 func (r *Request) numTokens() int { return len(r.prompt) + len(r.output) }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -170,6 +171,10 @@ type Scheduler struct {
 	spare     []*Request
 	// finishes holds Update's finish reasons, by the batch's order.
 	finishes []FinishReason
+	// lastPrefill is set when the last step was a prefill step (streams
+	// only); candidates is scheduleStreams' buffer.
+	lastPrefill bool
+	candidates  []*Request
 }
 
 // NewScheduler returns a scheduler; cfg must pass Validate.
@@ -287,11 +292,10 @@ func (s *Scheduler) Stats() Stats {
 	return st
 }
 
-// Schedule picks the next step's batch. Running requests go first (one
-// decode token each, or their next prefill chunk), preempting the most
-// recently admitted when blocks run out; then waiting requests are admitted
-// in order while the token budget, the sequence limit and the blocks allow.
-// Schedule must be followed by Update before it is called again.
+// Schedule picks the next step's batch: in vLLM's order with a pool of
+// blocks (scheduleBlocks), prefill and decode steps apart with KV in
+// streams (scheduleStreams). Schedule must be followed by Update before
+// it is called again.
 func (s *Scheduler) Schedule() *Batch {
 	return s.ScheduleInto(&Batch{})
 }
@@ -307,8 +311,27 @@ func (s *Scheduler) ScheduleInto(batch *Batch) *Batch {
 	// Most steps take every running request and admit a few waiting.
 	clear(batch.Requests) // the last step's: none outlives its step
 	*batch = Batch{Step: s.stats.Steps + 1, Requests: slices.Grow(batch.Requests[:0], len(s.running)+min(len(s.waiting), 8))}
-	preemptionsBefore := s.stats.NumPreemptions
+	if s.cfg.SequenceSlots > 0 {
+		s.scheduleStreams(batch, budget)
+	} else {
+		s.scheduleBlocks(batch, budget)
+	}
+	if len(s.scheduled) == 0 && s.HasWork() {
+		panic("engine: requests are waiting but none could be scheduled; the config check should have made that impossible")
+	}
+	if len(s.scheduled) > 0 {
+		s.stats.Steps++
+	}
+	batch.SeqOps = s.kv.takeOps()
+	return batch
+}
 
+// scheduleBlocks is vLLM's order: running requests first (one decode
+// token each, or their next prefill chunk), preempting the most recently
+// admitted when blocks run out; then waiting requests in arrival order
+// while the budget, the sequence limit and the blocks allow.
+func (s *Scheduler) scheduleBlocks(batch *Batch, budget int) {
+	preemptionsBefore := s.stats.NumPreemptions
 	for i := 0; i < len(s.running) && budget > 0; {
 		req := s.running[i]
 		n := min(req.numTokens()-req.numComputed, budget)
@@ -319,36 +342,132 @@ func (s *Scheduler) ScheduleInto(batch *Batch) *Batch {
 		budget -= n
 		i++
 	}
-	preempted := s.stats.NumPreemptions != preemptionsBefore
-
 	// vLLM admits nothing in a step that had to preempt: the blocks are
 	// short, and a new request would only be preempted next.
-	for !preempted && len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs {
-		req := s.waiting[0]
-		cached, n, ok := s.kv.admit(req, budget, s.running)
+	if s.stats.NumPreemptions != preemptionsBefore {
+		return
+	}
+	for len(s.waiting) > 0 && budget > 0 && len(s.running) < s.cfg.MaxNumSeqs {
+		n, ok := s.admit(0, budget)
 		if !ok {
 			break
 		}
-		req.numComputed = cached
-		s.stats.PrefixQueries += uint64(req.numTokens())
-		s.stats.PrefixHits += uint64(cached)
-		if !req.firstScheduled {
-			req.firstScheduled = true
-			req.numCachedTokens = cached
-		}
-		s.waiting = s.waiting[1:]
-		s.running = append(s.running, req)
-		s.add(batch, req, n)
+		s.add(batch, s.running[len(s.running)-1], n)
 		budget -= n
 	}
-	if len(s.scheduled) == 0 && s.HasWork() {
-		panic("engine: requests are waiting but none could be scheduled; the config check should have made that impossible")
+}
+
+// admit moves waiting request i to the running queue, with KV for its
+// cached prefix and up to budget tokens more, and returns the tokens to
+// compute; false when its KV cannot be had now.
+func (s *Scheduler) admit(i, budget int) (int, bool) {
+	req := s.waiting[i]
+	cached, n, ok := s.kv.admit(req, budget, s.running)
+	if !ok {
+		return 0, false
 	}
-	if len(s.scheduled) > 0 {
-		s.stats.Steps++
+	req.numComputed = cached
+	s.stats.PrefixQueries += uint64(req.numTokens())
+	s.stats.PrefixHits += uint64(cached)
+	if !req.firstScheduled {
+		req.firstScheduled = true
+		req.numCachedTokens = cached
 	}
-	batch.SeqOps = s.kv.takeOps()
-	return batch
+	s.waiting = slices.Delete(s.waiting, i, i+1)
+	s.running = append(s.running, req)
+	return n, true
+}
+
+// maxPassedOver bounds the prefill steps a request's prefill may be passed
+// over for shorter ones: then it goes first.
+const maxPassedOver = 8
+
+// scheduleStreams is the order for KV in streams (llama.cpp), where a
+// step of decodes and prefill chunks costs what a step of the decodes and
+// one of the chunks cost: llama.cpp computes sequences of unequal token
+// counts in passes of their own. A step is then either prefill or
+// decodes. Prefill goes first, so that a request's first token does not
+// wait for the others' decodes; decodes run at least every other step,
+// so that they wait for no more than one prefill step. A prefill step
+// takes the requests with the least prompt left to compute first, running
+// or waiting, so that a short prompt does not wait behind a long one's
+// chunks; one passed over maxPassedOver times goes first.
+func (s *Scheduler) scheduleStreams(batch *Batch, budget int) {
+	decodes, prefills := false, len(s.waiting) > 0 && len(s.running) < s.cfg.MaxNumSeqs
+	for _, req := range s.running {
+		if req.numTokens()-req.numComputed > 1 {
+			prefills = true
+		} else {
+			decodes = true
+		}
+	}
+	if prefills && !(decodes && s.lastPrefill) {
+		s.lastPrefill = true
+		s.schedulePrefill(batch, budget)
+		if len(batch.Requests) > 0 {
+			return
+		}
+	}
+	s.lastPrefill = false
+	for _, req := range s.running {
+		if req.numTokens()-req.numComputed == 1 {
+			s.kv.grow(req, 1)
+			s.add(batch, req, 1)
+		}
+	}
+}
+
+// schedulePrefill fills a prefill step of scheduleStreams.
+func (s *Scheduler) schedulePrefill(batch *Batch, budget int) {
+	// Candidates: running requests in their prefill, then the waiting
+	// ones that may start; by their tokens left to compute.
+	cands := s.candidates[:0]
+	for _, req := range s.running {
+		if req.numTokens()-req.numComputed > 1 {
+			cands = append(cands, req)
+		}
+	}
+	for _, req := range s.waiting[:min(len(s.waiting), s.cfg.MaxNumSeqs-len(s.running))] {
+		cands = append(cands, req)
+	}
+	slices.SortStableFunc(cands, func(a, b *Request) int {
+		if sa, sb := a.passedOver >= maxPassedOver, b.passedOver >= maxPassedOver; sa != sb {
+			if sa {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(a.numTokens()-a.numComputed, b.numTokens()-b.numComputed)
+	})
+	for _, req := range cands {
+		if budget == 0 {
+			req.passedOver++
+			continue
+		}
+		if req.seq != noSeq {
+			n := min(req.numTokens()-req.numComputed, budget)
+			s.kv.grow(req, n)
+			s.add(batch, req, n)
+			budget -= n
+			req.passedOver = 0
+			continue
+		}
+		i := slices.Index(s.waiting, req)
+		if len(s.running) >= s.cfg.MaxNumSeqs {
+			req.passedOver++
+			continue
+		}
+		n, ok := s.admit(i, budget)
+		if !ok {
+			req.passedOver++
+			continue
+		}
+		s.add(batch, req, n)
+		budget -= n
+		req.passedOver = 0
+	}
+	clear(cands)
+	s.candidates = cands[:0]
 }
 
 func (s *Scheduler) add(batch *Batch, req *Request, n int) {

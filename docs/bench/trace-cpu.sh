@@ -11,37 +11,56 @@
 #   dpnode-nopc    dpnode live, --no-enable-prefix-caching
 # The workload is Mooncake's conversation trace (../shared/data): the
 # first REQUESTS requests, hash blocks of 16 tokens (prompt lengths divided
-# by 32), outputs cut to 48, greedy, as Poisson arrivals at RATES per
-# second (the trace's own spacing is hours).
+# by 32), outputs cut to 48, greedy, as Poisson arrivals at each of RATES
+# per second (the trace's own spacing is hours). Every run starts its
+# servers afresh: the same prompts again would find the last run's caches.
 #
-# Needs make llamacpp, nginx, and llama-server built from the same
-# llama.cpp source (LLAMA_SERVER; see docs/bench/llamacpp.sh for the build).
-# BEFORE=DIR adds dpnode-before: a dpnode and worker built from an earlier
-# commit, in DIR/dpnode and DIR/dpnode-llama-worker.
+# Both run the same llama.cpp build: LLAMA_BUILD, built from the bundle's
+# source (.llamacpp/src) for this CPU, whose llama-server the nginx target
+# runs and whose libraries dpnode's worker loads here in place of the npm
+# package's prebuilt ones (which computed steps of several sequences 1.5
+# times slower on the benchmark machine):
+#   cmake -S .llamacpp/src -B ~/.cache/dpnode/llama-server-build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+#     -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+#   cmake --build ~/.cache/dpnode/llama-server-build --target llama-server -j2   # about 15 minutes on 2 cores
+# Needs make llamacpp (the worker) and nginx. BEFORE=DIR adds
+# dpnode-before: a dpnode and worker built from an earlier commit, in
+# DIR/dpnode and DIR/dpnode-llama-worker.
 source "$(dirname "$0")/common.sh"
 ROUNDS=${ROUNDS:-3}
 RATES=${RATES:-3,6}
 REQUESTS=${REQUESTS:-200}
 TARGETS=${TARGETS:-nginx dpnode-live dpnode-rr dpnode-nopc${BEFORE:+ dpnode-before}}
 TRACE=${TRACE:-../shared/data/mooncake-fast25/conversation_trace.jsonl}
-LLAMA_SERVER=${LLAMA_SERVER:-$HOME/.cache/dpnode/llama-server-build/bin/llama-server}
-WORKER=$PWD/bin/dpnode-llama-worker
+LLAMA_BUILD=${LLAMA_BUILD:-$HOME/.cache/dpnode/llama-server-build}
+LLAMA_SERVER=$LLAMA_BUILD/bin/llama-server
 MODEL=/tmp/dpnode-bench/tracemodel.gguf
-[ -x "$WORKER" ] || { echo "run make llamacpp first" >&2; exit 1; }
-[ -x "$LLAMA_SERVER" ] || { echo "no llama-server at $LLAMA_SERVER (see docs/bench/llamacpp.sh)" >&2; exit 1; }
+[ -x bin/dpnode-llama-worker ] || { echo "run make llamacpp first" >&2; exit 1; }
+[ -x "$LLAMA_SERVER" ] || { echo "no llama-server in $LLAMA_BUILD (see the top of this script)" >&2; exit 1; }
 [ -f "$TRACE" ] || { echo "no trace at $TRACE" >&2; exit 1; }
 command -v nginx >/dev/null || { echo "needs nginx (apt-get install nginx)" >&2; exit 1; }
-export DPNODE_LLAMACPP_WORKER=$WORKER
+# with_build_libs DIR WORKER: the worker in DIR, with LLAMA_BUILD's
+# libraries under the names it was linked against.
+with_build_libs() {
+  rm -rf "$1" && mkdir -p "$1/llamacpp"
+  cp "$2" "$1/dpnode-llama-worker"
+  cp -P "$LLAMA_BUILD"/bin/lib{llama,ggml,ggml-base,ggml-cpu}.so* "$1/llamacpp/"
+  ln -sf libllama.so "$1/llamacpp/libllama.v0.4.0.so"
+  ln -sf libggml.so "$1/llamacpp/libggml.v0.4.0.so"
+}
+with_build_libs /tmp/dpnode-bench/worker bin/dpnode-llama-worker
+export DPNODE_LLAMACPP_WORKER=/tmp/dpnode-bench/worker/dpnode-llama-worker
+[ -n "${BEFORE:-}" ] && with_build_libs /tmp/dpnode-bench/worker-before "$BEFORE/dpnode-llama-worker"
 # --whole-characters: llama-server answers 500 to a completion that ends
 # inside a UTF-8 character.
 "$DPNODE" testmodel --vocab .llamacpp/src/models/ggml-vocab-llama-bpe.gguf --whole-characters \
   --embedding 256 --layers 4 --feed-forward 768 --heads 4 --kv-heads 2 --out "$MODEL" >/dev/null
 
 work=(--trace "$TRACE" --trace-block-tokens 16 --output-max 48 --max-model-len 4096 --requests "$REQUESTS"
-  --rate "$RATES" --temperature 0 --quiet)
+  --temperature 0 --quiet)
 dpnode_args=(join --engine llamacpp --model "$MODEL" --host 127.0.0.1 --port 18000 --bind 127.0.0.1:17946
   --data-parallel-rpc-port 0 --gpus 2 --threads 1 --kv-cache-dtype float16 --kv-cache-memory-bytes 512MiB
-  --max-num-seqs 16 --max-model-len 4096 --log-level warn)
+  --max-num-seqs 16 --max-model-len 4096 --log-level warn ${DPNODE_EXTRA:-})
 
 start() {
   case "$1" in
@@ -77,7 +96,7 @@ NGINX
   dpnode-rr) "$DPNODE" "${dpnode_args[@]}" --balance-policy round-robin 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
   dpnode-nopc) "$DPNODE" "${dpnode_args[@]}" --balance-policy live --no-enable-prefix-caching 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
   dpnode-before)
-    DPNODE_LLAMACPP_WORKER=$BEFORE/dpnode-llama-worker "$BEFORE/dpnode" "${dpnode_args[@]}" --balance-policy live \
+    DPNODE_LLAMACPP_WORKER=/tmp/dpnode-bench/worker-before/dpnode-llama-worker "$BEFORE/dpnode" "${dpnode_args[@]}" --balance-policy live \
       2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
   esac
   # A model worker takes seconds to load: wait up to a minute.
@@ -87,21 +106,26 @@ NGINX
 }
 
 for round in $(seq "$ROUNDS"); do
-  for target in $TARGETS; do
-    metrics=()
-    [ "$target" = nginx ] && metrics=(--metrics-url none)
-    start "$target"
-    "$DPBENCH" --url http://127.0.0.1:18000 "${metrics[@]}" "${work[@]}" --label "$target" --out "$OUT/trace-cpu-$target-r$round.json"
-    stop_all
+  for rate in ${RATES//,/ }; do
+    for target in $TARGETS; do
+      metrics=()
+      [ "$target" = nginx ] && metrics=(--metrics-url none)
+      start "$target"
+      "$DPBENCH" --url http://127.0.0.1:18000 "${metrics[@]}" "${work[@]}" --rate "$rate" --label "$target" ${DETAIL:+--detail} \
+        --out "$OUT/trace-cpu-$target-$rate-r$round.json"
+      stop_all
+    done
   done
 done
 
 # The table: median (min-max) over the rounds, by rate; then the goals.
-python3 - "$OUT" "$ROUNDS" $TARGETS <<'PY' | tee "$OUT/trace-cpu-table.md"
+python3 - "$OUT" "$ROUNDS" "$RATES" $TARGETS <<'PY' | tee "$OUT/trace-cpu-table.md"
 import json, sys, statistics
-out, rounds, targets = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-runs = {t: [json.load(open(f"{out}/trace-cpu-{t}-r{r}.json"))["runs"] for r in range(1, rounds + 1)] for t in targets}
-rates = [r["offered_rate"] for r in runs[targets[0]][0]]
+out, rounds, rates, targets = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(","), sys.argv[4:]
+# runs[t][r][i]: target t, round r, rate i.
+runs = {t: [[json.load(open(f"{out}/trace-cpu-{t}-{rate}-r{r}.json"))["runs"][0] for rate in rates] for r in range(1, rounds + 1)]
+        for t in targets}
+rates = [float(r) for r in rates]
 def med(t, i, key, pct):
     xs = [rs[i][key][pct] for rs in runs[t]]
     return statistics.median(xs), min(xs), max(xs)
@@ -127,6 +151,8 @@ if "nginx" in targets and "dpnode-live" in targets:
         print(line)
 PY
 files=()
-for target in $TARGETS; do files+=("$OUT/trace-cpu-$target-r1.json"); done
+for target in $TARGETS; do
+  for rate in ${RATES//,/ }; do files+=("$OUT/trace-cpu-$target-$rate-r1.json"); done
+done
 "$DPBENCH" plot "${files[@]}" --out docs/bench/trace-cpu.svg \
-  --title "two CPU ranks, Mooncake conversation trace (prompts /32, outputs <= 48): dpnode against llama-servers behind nginx"
+  --title "Mooncake trace, two CPU ranks: dpnode and llama-servers behind nginx"

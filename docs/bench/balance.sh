@@ -32,32 +32,7 @@ for i in 0 1 2 3; do
   "$DPNODE" "${args[@]}" 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!)
   wait_http http://127.0.0.1:$((18100 + i))/health
 done
-conf=/tmp/dpnode-bench/nginx.conf
-cat >"$conf" <<NGINX
-worker_processes 1;
-error_log /tmp/dpnode-bench/nginx-error.log;
-pid /tmp/dpnode-bench/nginx.pid;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  upstream ranks {
-    least_conn;
-    server 127.0.0.1:18100; server 127.0.0.1:18101; server 127.0.0.1:18102; server 127.0.0.1:18103;
-    keepalive 512;
-  }
-  server {
-    listen 127.0.0.1:18080;
-    location / {
-      proxy_pass http://ranks;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_read_timeout 600s;
-    }
-  }
-}
-NGINX
-nginx -c "$conf" -g 'daemon off;' & PIDS+=($!)
+start_nginx 18080 127.0.0.1:1810{0,1,2,3}
 wait_http http://127.0.0.1:18080/v1/models
 metrics=http://127.0.0.1:18100/metrics,http://127.0.0.1:18101/metrics,http://127.0.0.1:18102/metrics,http://127.0.0.1:18103/metrics
 "$DPBENCH" --url http://127.0.0.1:18080 --metrics-url "$metrics" --label "nginx least_conn" --capacity "$CAPACITY" --load "$LOADS" "${work[@]}" --quiet \

@@ -32,3 +32,31 @@ stop_all() {
   cleanup
   PIDS=()
 }
+# start_nginx PORT UPSTREAM...: nginx on 127.0.0.1:PORT in front of the
+# upstream host:port addresses, least_conn, streaming through unbuffered.
+start_nginx() {
+  local port=$1 servers=""
+  shift
+  for u in "$@"; do servers+="server $u; "; done
+  cat >/tmp/dpnode-bench/nginx.conf <<NGINX
+worker_processes 1;
+error_log /tmp/dpnode-bench/nginx-error.log;
+pid /tmp/dpnode-bench/nginx.pid;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  upstream ranks { least_conn; $servers keepalive 512; }
+  server {
+    listen 127.0.0.1:$port;
+    location / {
+      proxy_pass http://ranks;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 600s;
+    }
+  }
+}
+NGINX
+  nginx -c /tmp/dpnode-bench/nginx.conf -g 'daemon off;' & PIDS+=($!)
+}

@@ -70,27 +70,7 @@ start() {
         >>/tmp/dpnode-bench/llama-server.log 2>&1 & PIDS+=($!)
     done
     wait_http http://127.0.0.1:18101/v1/models && wait_http http://127.0.0.1:18102/v1/models
-    cat >/tmp/dpnode-bench/nginx-trace.conf <<NGINX
-worker_processes 1;
-error_log /tmp/dpnode-bench/nginx-error.log;
-pid /tmp/dpnode-bench/nginx.pid;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  upstream ranks { least_conn; server 127.0.0.1:18101; server 127.0.0.1:18102; keepalive 64; }
-  server {
-    listen 127.0.0.1:18000;
-    location / {
-      proxy_pass http://ranks;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_read_timeout 600s;
-    }
-  }
-}
-NGINX
-    nginx -c /tmp/dpnode-bench/nginx-trace.conf -g 'daemon off;' & PIDS+=($!)
+    start_nginx 18000 127.0.0.1:18101 127.0.0.1:18102
     ;;
   dpnode-live) "$DPNODE" "${dpnode_args[@]}" --balance-policy live 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
   dpnode-rr) "$DPNODE" "${dpnode_args[@]}" --balance-policy round-robin 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
@@ -154,5 +134,8 @@ files=()
 for target in $TARGETS; do
   for rate in ${RATES//,/ }; do files+=("$OUT/trace-cpu-$target-$rate-r1.json"); done
 done
-"$DPBENCH" plot "${files[@]}" --out docs/bench/trace-cpu.svg \
+# The plot is the documentation's only for the documentation's results.
+plot=$OUT/trace-cpu.svg
+[ "$OUT" = docs/bench/results ] && plot=docs/bench/trace-cpu.svg
+"$DPBENCH" plot "${files[@]}" --out "$plot" \
   --title "Mooncake trace, two CPU ranks: dpnode and llama-servers behind nginx"

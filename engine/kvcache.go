@@ -354,7 +354,7 @@ func (c *kvCache) unref(id int32) {
 
 // admit implements kvSpace: the longest cached prefix, then blocks for
 // up to budget more tokens.
-func (c *kvCache) admit(req *Request, budget int, _ []*Request) (int, int, bool) {
+func (c *kvCache) admit(req *Request, budget int) (int, int, bool) {
 	prefix := c.computedPrefix(req)
 	cached := len(prefix) * c.blockSize
 	n := min(req.numTokens()-cached, budget)

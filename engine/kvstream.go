@@ -10,8 +10,8 @@ type kvSpace interface {
 	// admit gives a waiting request KV for its cached prefix and for up to
 	// budget more tokens. It returns the prefix's tokens and the new
 	// tokens to compute, or false, changing nothing, when the request
-	// cannot start now. running holds every running request.
-	admit(req *Request, budget int, running []*Request) (cached, n int, ok bool)
+	// cannot start now.
+	admit(req *Request, budget int) (cached, n int, ok bool)
 	// grow makes room for n more tokens of a running request; false when
 	// there is none, and the scheduler must preempt.
 	grow(req *Request, n int) bool
@@ -168,7 +168,7 @@ func (k *streamKV) pick(avoid int32) int32 {
 	return victim
 }
 
-func (k *streamKV) admit(req *Request, budget int, _ []*Request) (int, int, bool) {
+func (k *streamKV) admit(req *Request, budget int) (int, int, bool) {
 	src, m := k.lookup(req)
 	if m > 0 && k.streams[src].req != nil && m*k.blockSize < k.copyMinTokens {
 		// Computed again for less than the copy would cost.

@@ -362,7 +362,7 @@ func (s *Scheduler) scheduleBlocks(batch *Batch, budget int) {
 // compute; false when its KV cannot be had now.
 func (s *Scheduler) admit(i, budget int) (int, bool) {
 	req := s.waiting[i]
-	cached, n, ok := s.kv.admit(req, budget, s.running)
+	cached, n, ok := s.kv.admit(req, budget)
 	if !ok {
 		return 0, false
 	}

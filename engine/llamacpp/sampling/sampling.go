@@ -86,7 +86,7 @@ func NewPool(nVocab, threads int) *Pool {
 func (p *Pool) Rows(n int, draw func(row int, s *Sampler)) {
 	t := min(len(p.samplers), n)
 	if t <= 1 {
-		for row := n - 1; row >= 0; row-- {
+		for row := range n {
 			draw(row, p.samplers[0])
 		}
 		return
@@ -94,12 +94,12 @@ func (p *Pool) Rows(n int, draw func(row int, s *Sampler)) {
 	var wg sync.WaitGroup
 	for g := 1; g < t; g++ {
 		wg.Go(func() {
-			for row := n - 1 - g; row >= 0; row -= t {
+			for row := g; row < n; row += t {
 				draw(row, p.samplers[g])
 			}
 		})
 	}
-	for row := n - 1; row >= 0; row -= t {
+	for row := 0; row < n; row += t {
 		draw(row, p.samplers[0])
 	}
 	wg.Wait()

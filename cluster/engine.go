@@ -79,11 +79,12 @@ func (p *plan) newEngine(o Options, inv gpu.Inventory, topo dp.Topology) (*nodeE
 		cfg := llamacpp.ExecutorConfig{
 			Worker: llamacpp.WorkerConfig{Binary: binary, Env: []string{fmt.Sprintf("%s=rank-%d", llamacpp.WorkerRoleEnv, rank)},
 				Logger: o.Logger.With("rank", rank, "component", "llama.cpp")},
-			Model:        p.model.Path,
-			Scheduler:    p.scheduler,
-			Threads:      threads,
-			KVCacheBytes: p.kvBytes,
-			KVCacheDtype: p.kvDtype,
+			Model:         p.model.Path,
+			Scheduler:     p.scheduler,
+			Threads:       threads,
+			KVCacheBytes:  p.kvBytes,
+			KVCacheDtype:  p.kvDtype,
+			GreedyInGraph: o.GreedyInGraph,
 		}
 		if !dev.Virtual {
 			// The rank's model and KV cache go on its GPU, and only there.

@@ -102,6 +102,9 @@ type Options struct {
 	// model's: float32 for an F32 model, else float16), float16 or
 	// float32.
 	KVCacheDtype string
+	// GreedyInGraph says where llama.cpp ranks take greedy rows' argmax:
+	// auto (in the graph when the model runs on a GPU), on or off.
+	GreedyInGraph string
 	// GPUs is the number of virtual GPUs when NVML is absent.
 	GPUs int
 
@@ -179,6 +182,7 @@ func DefaultOptions() Options {
 		SimTimeScale:          1,
 		GPUMemoryUtilization:  0.9,
 		KVCacheDtype:          "auto",
+		GreedyInGraph:         "auto",
 		GPUs:                  2,
 		CollectiveTimeout:     5 * time.Second,
 		BalancePolicy:         dp.PolicyLive,
@@ -443,6 +447,11 @@ func (p *plan) checkLlamaCpp() error {
 		p.kvDtype = "f32"
 	default:
 		return flagError("--kv-cache-dtype must be auto, float16 or float32, got %q", o.KVCacheDtype)
+	}
+	switch o.GreedyInGraph {
+	case "auto", "on", "off":
+	default:
+		return flagError("--greedy-in-graph must be auto, on or off, got %q", o.GreedyInGraph)
 	}
 	if o.KVCacheMemory != "" {
 		if p.kvBytes, err = parseBytes(o.KVCacheMemory); err != nil {

@@ -15,6 +15,8 @@
 # and bench on a CPU, with llama.cpp built without CUDA and a small model,
 # to check the script; LLAMA_BUILD=DIR then takes llama.cpp from an
 # existing CPU build (docs/bench/trace-cpu.sh's) instead of building it.
+# DPNODE_EXTRA adds flags to dpnode (--greedy-in-graph off: greedy rows
+# sampled on the host, as before they ran in llama.cpp's graph).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 G=${G:-$PWD/.gpu}
@@ -130,7 +132,7 @@ start() { # target
     [ "$DRY" = 1 ] || dev=(--kv-cache-memory-bytes 8GiB)
     DPNODE_LLAMACPP_WORKER=$W/bin/dpnode-llama-worker "$W/bin/dpnode" join --engine llamacpp --model "$model" \
       --host 127.0.0.1 --port "$PORT" --bind 127.0.0.1:17946 --data-parallel-rpc-port 0 --max-num-seqs 64 --max-model-len 2048 \
-      "${dev[@]}" --log-level info >"$R/dpnode.log" 2>&1 &
+      "${dev[@]}" --log-level info ${DPNODE_EXTRA:-} >"$R/dpnode.log" 2>&1 &
     ;;
   llama-server)
     local dev=(-ngl 99)

@@ -23,13 +23,20 @@ import (
 //	  -run '^$' -bench 'Prefill|HostCost' -benchtime 20x ./engine/llamacpp/
 
 func benchExecutor(b *testing.B, maxSeqs, threads int) *llamacpp.Executor {
+	return benchExecutorGreedy(b, maxSeqs, threads, "auto")
+}
+
+// benchExecutorGreedy starts it with greedy rows sampled in the graph
+// ("on"), on the host ("off"), or where the worker chooses ("auto").
+func benchExecutorGreedy(b *testing.B, maxSeqs, threads int, greedyInGraph string) *llamacpp.Executor {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := engine.SchedulerConfig{MaxNumSeqs: maxSeqs, MaxNumBatchedTokens: 2048, BlockSize: 16, MaxModelLen: 4096}
 	e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{
 		Worker: llamacpp.WorkerConfig{Binary: llamacpptest.Worker(b), Logger: slog.New(slog.DiscardHandler)},
-		Model:  llamacpptest.BenchModel(b), KVCacheBytes: 1 << 30, Scheduler: cfg, Threads: threads, KVCacheDtype: "f16"})
+		Model:  llamacpptest.BenchModel(b), KVCacheBytes: 1 << 30, Scheduler: cfg, Threads: threads, KVCacheDtype: "f16",
+		GreedyInGraph: greedyInGraph})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -102,13 +109,20 @@ func BenchmarkPrefillBesideHeldSequences(b *testing.B) {
 // BenchmarkHostCostPerRow times decode steps of 64 sequences that each
 // sample a token, greedy or at temperature 1, and reports the worker's
 // time on the step outside llama_decode per sampled row: with a
-// 128,256-token vocabulary, sampling dominates it.
+// 128,256-token vocabulary, sampling dominates it. "graph" runs greedy
+// rows' argmax in llama.cpp's graph (what a GPU rank does by default),
+// which moves their cost into the decode: compare decode-ms/step too.
 func BenchmarkHostCostPerRow(b *testing.B) {
 	const rows, history = 64, 16
 	for _, threads := range []int{1, 2} {
-		for _, temp := range []float32{0, 1} {
-			b.Run(fmt.Sprintf("threads=%d/temperature=%g", threads, temp), func(b *testing.B) {
-				e := benchExecutor(b, rows, threads)
+		for _, mode := range []struct {
+			name  string
+			temp  float32
+			graph string
+		}{{"temperature=0", 0, "off"}, {"temperature=0/graph", 0, "on"}, {"temperature=1", 1, "off"}} {
+			temp := mode.temp
+			b.Run(fmt.Sprintf("threads=%d/%s", threads, mode.name), func(b *testing.B) {
+				e := benchExecutorGreedy(b, rows, threads, mode.graph)
 				rng := rand.New(rand.NewPCG(3, 4))
 				seed := int64(7)
 				sp := &engine.SamplingParams{Temperature: temp, Seed: &seed}
@@ -124,12 +138,13 @@ func BenchmarkHostCostPerRow(b *testing.B) {
 						NumNewTokens: 1, SampleIndex: 1, Decode: true, Sampling: sp})
 				}
 				execute(b, e, start)
-				var host, sample time.Duration
+				var host, sample, model time.Duration
 				b.ResetTimer()
 				for range b.N {
 					res := execute(b, e, decode)
 					host += res.Duration - res.Phases.Model
 					sample += res.Phases.Sample
+					model += res.Phases.Model
 					b.StopTimer()
 					for i := range decode.Requests {
 						r := &decode.Requests[i]
@@ -143,6 +158,7 @@ func BenchmarkHostCostPerRow(b *testing.B) {
 				}
 				b.ReportMetric(float64(host.Nanoseconds())/1000/float64(b.N*rows), "host-us/row")
 				b.ReportMetric(float64(sample.Nanoseconds())/1000/float64(b.N*rows), "sample-us/row")
+				b.ReportMetric(float64(model.Microseconds())/1000/float64(b.N), "decode-ms/step")
 			})
 		}
 	}

@@ -37,6 +37,9 @@ type ExecutorConfig struct {
 	// KVCacheDtype is the KV cache's element type, "f16" or "f32"; with
 	// f32 the worker also leaves flash attention off (see LoadModel).
 	KVCacheDtype string
+	// GreedyInGraph is where greedy rows are sampled: "auto" or "" (in
+	// llama.cpp's graph when the model runs on a GPU), "on" or "off".
+	GreedyInGraph string
 }
 
 // Executor runs a rank's steps in its model worker.
@@ -62,6 +65,16 @@ func NewExecutor(ctx context.Context, cfg ExecutorConfig) (*Executor, error) {
 	// A stream per running sequence and, with the prefix cache, as many
 	// more as the KV memory holds: each keeps a finished request's KV for
 	// the prefix cache until its stream is needed.
+	var greedy dpnodev1.GreedyInGraph
+	switch cfg.GreedyInGraph {
+	case "", "auto":
+	case "on":
+		greedy = dpnodev1.GreedyInGraph_GREEDY_IN_GRAPH_ON
+	case "off":
+		greedy = dpnodev1.GreedyInGraph_GREEDY_IN_GRAPH_OFF
+	default:
+		return nil, fmt.Errorf("llamacpp: greedy sampling in the graph must be auto, on or off, not %q", cfg.GreedyInGraph)
+	}
 	seqs := min(MaxSequences, max(sc.MaxNumSeqs, 1))
 	if sc.EnablePrefixCaching {
 		seqs = MaxSequences
@@ -76,6 +89,7 @@ func NewExecutor(ctx context.Context, cfg ExecutorConfig) (*Executor, error) {
 		GpuLayers:      int32(cfg.GPULayers),
 		KvCacheDtype:   cfg.KVCacheDtype,
 		FlashAttention: cfg.KVCacheDtype != "f32",
+		GreedyInGraph:  greedy,
 	}
 	w, ready, err := StartWorker(ctx, cfg.Worker, load)
 	if err != nil {
@@ -95,6 +109,9 @@ func NewExecutor(ctx context.Context, cfg ExecutorConfig) (*Executor, error) {
 	if int(ready.StreamCells) < sc.MaxModelLen {
 		w.Close()
 		return nil, fmt.Errorf("llamacpp: the worker's KV streams hold %d tokens, less than the max model length %d", ready.StreamCells, sc.MaxModelLen)
+	}
+	if ready.GreedyInGraph {
+		w.log.Info("greedy requests are sampled in llama.cpp's graph: their logits stay on the device", "device", ready.Device)
 	}
 	return e, nil
 }

@@ -391,3 +391,77 @@ func TestKilledWorkerIsNoticed(t *testing.T) {
 		t.Fatalf("a step on a dead worker: %v", err)
 	}
 }
+
+// TestGreedyInTheGraphMatchesTheHost samples greedy requests inside
+// llama.cpp's graph (as a GPU rank does by default), with a seeded sampled
+// request joining them after ten steps: that one needs its logits on the
+// host, so the worker takes the graph's samplers off, and puts them back
+// after 256 steps of greedy rows only, in the middle of the long request.
+// Every greedy request ends as llama.cpp's own greedy decode, and the
+// sampled one as it does on a worker that samples everything on the host.
+func TestGreedyInTheGraphMatchesTheHost(t *testing.T) {
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 8, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512, EnablePrefixCaching: true}
+	start := func(where string) *llamacpp.Executor {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{Worker: workerConfig(t), Model: llamacpptest.Model(t), KVCacheBytes: 64 << 20,
+			Scheduler: cfg, Threads: 1, KVCacheDtype: "f32", GreedyInGraph: where})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		return e
+	}
+	inGraph, host := start("on"), start("off")
+	if !inGraph.Ready().GreedyInGraph || host.Ready().GreedyInGraph {
+		t.Fatalf("greedy in the graph: %v with on, %v with off", inGraph.Ready().GreedyInGraph, host.Ready().GreedyInGraph)
+	}
+	seed := int64(9)
+	sampled := engine.SamplingParams{MaxTokens: 30, IgnoreEOS: true, Temperature: 0.8, Seed: &seed}
+	// The first request outlasts the sampled one by more than 256 steps.
+	lengths := []int{400, 40, 40, 90}
+	var prompts [][]uint32
+	for i := range lengths {
+		p := make([]uint32, 20+i*13)
+		for j := range p {
+			p[j] = uint32(700 + (i*211+j*29)%9000)
+		}
+		prompts = append(prompts, p)
+	}
+	serve := func(e *llamacpp.Executor) map[string][]uint32 {
+		s := schedulerFor(t, e, cfg)
+		for i, p := range prompts {
+			if err := s.Add(engine.NewRequest{ID: fmt.Sprint(i), Prompt: p, Sampling: engine.SamplingParams{MaxTokens: lengths[i], IgnoreEOS: true}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out := map[string][]uint32{}
+		for range 10 {
+			b := s.Schedule()
+			res, err := e.Execute(context.Background(), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range s.Update(b, res) {
+				out[o.ID] = append(out[o.ID], o.NewTokens...)
+			}
+		}
+		if err := s.Add(engine.NewRequest{ID: "sampled", Prompt: prompts[2], Sampling: sampled}); err != nil {
+			t.Fatal(err)
+		}
+		for id, toks := range run(t, s, e) {
+			out[id] = append(out[id], toks...)
+		}
+		return out
+	}
+	got, want := serve(inGraph), serve(host)
+	for i, p := range prompts {
+		ref := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", lengths[i], [][]uint32{p})[0]
+		if !slices.Equal(got[fmt.Sprint(i)], ref) {
+			t.Fatalf("greedy request %d sampled in the graph:\n got %v\nwant %v", i, got[fmt.Sprint(i)], ref)
+		}
+	}
+	if len(got["sampled"]) != sampled.MaxTokens || !slices.Equal(got["sampled"], want["sampled"]) {
+		t.Fatalf("the seeded request beside greedy ones in the graph:\n got %v\nwant %v (on the host)", got["sampled"], want["sampled"])
+	}
+}

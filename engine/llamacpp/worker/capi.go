@@ -56,8 +56,10 @@ static struct llama_model * dpn_load(const char * path, int vocab_only, int gpu_
 	return llama_model_load_from_file(path, p);
 }
 
+// greedy, when not NULL, holds a sampler chain per sequence that
+// llama.cpp runs in its graph (backend sampling).
 static struct llama_context * dpn_context(struct llama_model * m, unsigned n_ctx, unsigned n_batch, unsigned n_seq, int threads,
-                                          int kv_f32, int flash) {
+                                          int kv_f32, int flash, struct llama_sampler ** greedy) {
 	struct llama_context_params p = llama_context_default_params();
 	p.n_ctx = n_ctx;
 	p.n_batch = n_batch;
@@ -75,7 +77,49 @@ static struct llama_context * dpn_context(struct llama_model * m, unsigned n_ctx
 	// cells, whatever the others hold (the scheduler's streamKV).
 	p.kv_unified = false;
 	p.no_perf = true;
-	return llama_init_from_model(m, p);
+	struct llama_sampler_seq_config * cfg = NULL;
+	if (greedy) {
+		cfg = malloc(n_seq * sizeof *cfg);
+		for (unsigned i = 0; i < n_seq; i++) {
+			cfg[i].seq_id = (llama_seq_id) i;
+			cfg[i].sampler = greedy[i];
+		}
+		p.samplers = cfg;
+		p.n_samplers = n_seq;
+	}
+	struct llama_context * c = llama_init_from_model(m, p);
+	free(cfg);
+	return c;
+}
+
+// dpn_greedy_chains makes n sampler chains of one greedy sampler each,
+// which llama.cpp computes in the graph: an argmax over each row.
+static struct llama_sampler ** dpn_greedy_chains(unsigned n) {
+	struct llama_sampler ** s = malloc(n * sizeof *s);
+	for (unsigned i = 0; i < n; i++) {
+		s[i] = llama_sampler_chain_init(llama_sampler_chain_default_params());
+		llama_sampler_chain_add(s[i], llama_sampler_init_greedy());
+	}
+	return s;
+}
+
+static void dpn_free_chains(struct llama_sampler ** s, unsigned n) {
+	for (unsigned i = 0; i < n; i++) {
+		llama_sampler_free(s[i]);
+	}
+	free(s);
+}
+
+// dpn_attach gives every sequence its chain (on) or takes them all away;
+// llama.cpp reserves its graph again at the next decode.
+static int dpn_attach(struct llama_context * c, struct llama_sampler ** s, unsigned n, int on) {
+	int ok = 1;
+	for (unsigned i = 0; i < n; i++) {
+		if (!llama_set_sampler(c, (llama_seq_id) i, on ? s[i] : NULL)) {
+			ok = 0;
+		}
+	}
+	return ok;
 }
 
 static void dpn_batch_set(struct llama_batch * b, int i, int token, int pos, int seq, int logits) {
@@ -208,6 +252,7 @@ func (m *model) description() string {
 func (m *model) nVocab() int        { return int(C.llama_vocab_n_tokens(m.vocab)) }
 func (m *model) contextLength() int { return int(C.llama_model_n_ctx_train(m.m)) }
 func (m *model) size() uint64       { return uint64(C.llama_model_size(m.m)) }
+func (m *model) layers() int        { return int(C.llama_model_n_layer(m.m)) }
 func (m *model) isEOG(t int) bool   { return bool(C.llama_vocab_is_eog(m.vocab, C.llama_token(t))) }
 func (m *model) bos() int           { return int(C.llama_vocab_bos(m.vocab)) }
 func (m *model) addBOS() bool       { return bool(C.llama_vocab_get_add_bos(m.vocab)) }
@@ -295,9 +340,16 @@ type context struct {
 	batch  C.struct_llama_batch
 	nBatch int
 	nVocab int
+	// greedy is a greedy sampler chain per sequence, for llama.cpp to
+	// run in its graph, or nil; attached says whether it does now.
+	greedy   **C.struct_llama_sampler
+	nGreedy  C.uint
+	attached bool
 }
 
-func newContext(m *model, cells, batch, seqs, threads int, kvF32, flash bool) (*context, error) {
+// newContext makes the context; with greedyInGraph every sequence starts
+// with a greedy sampler chain that llama.cpp computes in its graph.
+func newContext(m *model, cells, batch, seqs, threads int, kvF32, flash, greedyInGraph bool) (*context, error) {
 	f32, fa := C.int(0), C.int(0)
 	if kvF32 {
 		f32 = 1
@@ -305,12 +357,60 @@ func newContext(m *model, cells, batch, seqs, threads int, kvF32, flash bool) (*
 	if flash {
 		fa = 1
 	}
-	c := C.dpn_context(m.m, C.uint(cells), C.uint(batch), C.uint(seqs), C.int(threads), f32, fa)
+	var greedy **C.struct_llama_sampler
+	if greedyInGraph {
+		greedy = C.dpn_greedy_chains(C.uint(seqs))
+	}
+	c := C.dpn_context(m.m, C.uint(cells), C.uint(batch), C.uint(seqs), C.int(threads), f32, fa, greedy)
 	if c == nil {
+		if greedy != nil {
+			C.dpn_free_chains(greedy, C.uint(seqs))
+		}
 		return nil, withLastError("llama.cpp could not create the context")
 	}
 	n := int(C.llama_n_batch(c))
-	return &context{c: c, mem: C.llama_get_memory(c), batch: C.llama_batch_init(C.int32_t(n), 0, 1), nBatch: n, nVocab: m.nVocab()}, nil
+	return &context{c: c, mem: C.llama_get_memory(c), batch: C.llama_batch_init(C.int32_t(n), 0, 1), nBatch: n, nVocab: m.nVocab(),
+		greedy: greedy, nGreedy: C.uint(seqs), attached: greedy != nil}, nil
+}
+
+// attachGreedy gives every sequence its greedy chain in the graph (on), or
+// takes them away so that every row's logits come out. llama.cpp reserves
+// its graph again at the next decode: a switch costs about what a KV copy
+// does, so the worker switches seldom.
+func (c *context) attachGreedy(on bool) error {
+	if c.greedy == nil || c.attached == on {
+		return nil
+	}
+	o := C.int(0)
+	if on {
+		o = 1
+	}
+	if on {
+		// llama.cpp initializes a chain for its graph once: new chains.
+		// The old ones are in no graph since the decode after they came
+		// off (which reserved the graph again).
+		C.dpn_free_chains(c.greedy, c.nGreedy)
+		c.greedy = C.dpn_greedy_chains(c.nGreedy)
+	}
+	if C.dpn_attach(c.c, c.greedy, c.nGreedy, o) == 0 {
+		// Leave every sequence without a chain: the host then samples
+		// all rows, which is always right.
+		C.dpn_attach(c.c, c.greedy, c.nGreedy, 0)
+		c.attached = false
+		return withLastError("llama.cpp could not run greedy sampling in its graph")
+	}
+	c.attached = on
+	return nil
+}
+
+// sampled is the token the graph's greedy chain chose for the step's i-th
+// output, or -1 when it chose none.
+func (c *context) sampled(i int) int32 {
+	t := C.llama_get_sampled_token_ith(c.c, C.int32_t(i))
+	if t == C.LLAMA_TOKEN_NULL {
+		return -1
+	}
+	return int32(t)
 }
 
 func (c *context) cells() int       { return int(C.llama_n_ctx(c.c)) }
@@ -361,6 +461,10 @@ func (c *context) logits(i int) []float32 {
 func (c *context) free() {
 	C.llama_batch_free(c.batch)
 	C.llama_free(c.c)
+	if c.greedy != nil {
+		// After the context, which uses them until it is freed.
+		C.dpn_free_chains(c.greedy, c.nGreedy)
+	}
 }
 
 func systemInfo() string { return C.GoString(C.llama_print_system_info()) }

@@ -121,7 +121,16 @@ type server struct {
 	params   []sampling.Params
 	order    []int
 	outIndex []int32
+	// greedySteps counts the steps in a row whose rows were all greedy
+	// while the graph's greedy chains were off.
+	greedySteps int
 }
+
+// reattachAfter is how many steps of greedy rows only the worker waits
+// before it samples them in the graph again: each switch makes llama.cpp
+// reserve its graph, so a mix of greedy and sampled requests stays on the
+// host instead of switching back and forth.
+const reattachAfter = 256
 
 // sampleRow is one token a step samples.
 type sampleRow struct {
@@ -204,10 +213,20 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 		return nil, fmt.Errorf("a KV cache of %d bytes (%d bytes a token) holds less than one sequence of the max model length %d: give it more memory (--kv-cache-memory-bytes) or lower --max-model-len",
 			l.KvCacheBytes, ready.KvBytesPerToken, l.StreamCells)
 	}
-	ctx, err := newContext(m, int(seqs*stream), int(l.MaxBatchTokens), int(seqs), int(l.Threads), elem == 4, l.FlashAttention)
+	inGraph := false
+	switch l.GreedyInGraph {
+	case dpnodev1.GreedyInGraph_GREEDY_IN_GRAPH_ON:
+		inGraph = true
+	case dpnodev1.GreedyInGraph_GREEDY_IN_GRAPH_UNSPECIFIED:
+		// llama.cpp computes the output layer on the GPU when every
+		// layer is offloaded.
+		inGraph = l.GpuLayers != 0 && hasGPU() && (l.GpuLayers < 0 || int(l.GpuLayers) > m.layers())
+	}
+	ctx, err := newContext(m, int(seqs*stream), int(l.MaxBatchTokens), int(seqs), int(l.Threads), elem == 4, l.FlashAttention, inGraph)
 	if err != nil {
 		return nil, err
 	}
+	ready.GreedyInGraph = inGraph
 	s.ctx = ctx
 	s.samplers = sampling.NewPool(m.nVocab(), int(l.Threads))
 	s.last = make([]uint32, ctx.sequences())
@@ -301,6 +320,9 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 			s.params = append(s.params, sampleParams(q.Sample))
 		}
 	}
+	if err := s.placeSampling(); err != nil {
+		return nil, err
+	}
 	done.ComputedTokens = uint32(n)
 	if n > 0 {
 		t := time.Now()
@@ -310,14 +332,24 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		done.DecodeNanos = time.Since(t).Nanoseconds()
 	}
 	sampleStart := time.Now()
-	// llama.cpp hands out the rows one at a time (it may reorder its
-	// outputs on the first); the draws then run on every thread.
-	for i := range s.rows {
-		s.rows[i].logits = c.logits(int(s.rows[i].tok))
+	if c.attached {
+		// Every row is greedy, and llama.cpp took its argmax in the graph.
+		for i := range s.rows {
+			r := &s.rows[i]
+			if r.tok = c.sampled(int(r.tok)); r.tok < 0 {
+				return nil, fmt.Errorf("llama.cpp sampled no token for sequence %d in its graph", r.seq)
+			}
+		}
+	} else {
+		// llama.cpp hands out the rows one at a time (it may reorder its
+		// outputs on the first); the draws then run on every thread.
+		for i := range s.rows {
+			s.rows[i].logits = c.logits(int(s.rows[i].tok))
+		}
+		s.samplers.Rows(len(s.rows), func(i int, smp *sampling.Sampler) {
+			s.rows[i].tok = smp.Sample(s.rows[i].logits, &s.params[i])
+		})
 	}
-	s.samplers.Rows(len(s.rows), func(i int, smp *sampling.Sampler) {
-		s.rows[i].tok = smp.Sample(s.rows[i].logits, &s.params[i])
-	})
 	for i := range s.rows {
 		r := &s.rows[i]
 		s.last[r.seq], s.hasLast[r.seq] = uint32(r.tok), true
@@ -328,4 +360,34 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 	done.SampleNanos = end.Sub(sampleStart).Nanoseconds()
 	done.ComputeNanos = end.Sub(start).Nanoseconds()
 	return done, nil
+}
+
+// placeSampling decides, before a decode, where its rows are sampled: in
+// llama.cpp's graph when every row is greedy (and the graph's greedy
+// chains are on), on the host when any row needs its logits. A row that
+// needs them switches the chains off at once; they come back after
+// reattachAfter steps of greedy rows only.
+func (s *server) placeSampling() error {
+	c := s.ctx
+	if c.greedy == nil || len(s.rows) == 0 {
+		return nil
+	}
+	host := false
+	for i := range s.params {
+		if p := &s.params[i]; p.Temperature > 0 || len(p.Banned) > 0 {
+			host = true
+			break
+		}
+	}
+	switch {
+	case host:
+		s.greedySteps = 0
+		return c.attachGreedy(false)
+	case !c.attached:
+		if s.greedySteps++; s.greedySteps >= reattachAfter {
+			s.greedySteps = 0
+			return c.attachGreedy(true)
+		}
+	}
+	return nil
 }

@@ -31,6 +31,64 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// GreedyInGraph says whether greedy rows take their argmax inside
+// llama.cpp's graph (its backend sampling), so that their logits are never
+// copied out of the device: on a GPU that copy (a vocabulary of floats a
+// row) and the host's scan of it are most of a decode step's host work.
+// Rows that need the logits (temperature, banned tokens) are sampled on
+// the host as before; while any such row runs, every sequence is.
+type GreedyInGraph int32
+
+const (
+	// Automatic: in the graph when the model's output is computed on a GPU.
+	// On a CPU the graph's argmax adds a copy of the logits and scans each
+	// row on one thread: the host's vectorized scan is faster.
+	GreedyInGraph_GREEDY_IN_GRAPH_UNSPECIFIED GreedyInGraph = 0
+	GreedyInGraph_GREEDY_IN_GRAPH_ON          GreedyInGraph = 1
+	GreedyInGraph_GREEDY_IN_GRAPH_OFF         GreedyInGraph = 2
+)
+
+// Enum value maps for GreedyInGraph.
+var (
+	GreedyInGraph_name = map[int32]string{
+		0: "GREEDY_IN_GRAPH_UNSPECIFIED",
+		1: "GREEDY_IN_GRAPH_ON",
+		2: "GREEDY_IN_GRAPH_OFF",
+	}
+	GreedyInGraph_value = map[string]int32{
+		"GREEDY_IN_GRAPH_UNSPECIFIED": 0,
+		"GREEDY_IN_GRAPH_ON":          1,
+		"GREEDY_IN_GRAPH_OFF":         2,
+	}
+)
+
+func (x GreedyInGraph) Enum() *GreedyInGraph {
+	p := new(GreedyInGraph)
+	*p = x
+	return p
+}
+
+func (x GreedyInGraph) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (GreedyInGraph) Descriptor() protoreflect.EnumDescriptor {
+	return file_dpnode_v1_worker_proto_enumTypes[0].Descriptor()
+}
+
+func (GreedyInGraph) Type() protoreflect.EnumType {
+	return &file_dpnode_v1_worker_proto_enumTypes[0]
+}
+
+func (x GreedyInGraph) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use GreedyInGraph.Descriptor instead.
+func (GreedyInGraph) EnumDescriptor() ([]byte, []int) {
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{0}
+}
+
 type WorkerRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -323,8 +381,10 @@ type LoadModel struct {
 	// cache: the CPU kernels compute it in F16, which would throw away the
 	// cache's precision (and make a sequence's logits depend on its batch).
 	FlashAttention bool `protobuf:"varint,11,opt,name=flash_attention,json=flashAttention,proto3" json:"flash_attention,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Where greedy rows are sampled.
+	GreedyInGraph GreedyInGraph `protobuf:"varint,13,opt,name=greedy_in_graph,json=greedyInGraph,proto3,enum=dpnode.v1.GreedyInGraph" json:"greedy_in_graph,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadModel) Reset() {
@@ -434,6 +494,13 @@ func (x *LoadModel) GetFlashAttention() bool {
 	return false
 }
 
+func (x *LoadModel) GetGreedyInGraph() GreedyInGraph {
+	if x != nil {
+		return x.GreedyInGraph
+	}
+	return GreedyInGraph_GREEDY_IN_GRAPH_UNSPECIFIED
+}
+
 // ModelReady gives the model's limits.
 type ModelReady struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -459,8 +526,10 @@ type ModelReady struct {
 	// The most tokens a step may compute (llama.cpp keeps it within the
 	// cells).
 	MaxBatchTokens uint32 `protobuf:"varint,14,opt,name=max_batch_tokens,json=maxBatchTokens,proto3" json:"max_batch_tokens,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Whether greedy rows are sampled in the graph (see GreedyInGraph).
+	GreedyInGraph bool `protobuf:"varint,16,opt,name=greedy_in_graph,json=greedyInGraph,proto3" json:"greedy_in_graph,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ModelReady) Reset() {
@@ -596,6 +665,13 @@ func (x *ModelReady) GetMaxBatchTokens() uint32 {
 		return x.MaxBatchTokens
 	}
 	return 0
+}
+
+func (x *ModelReady) GetGreedyInGraph() bool {
+	if x != nil {
+		return x.GreedyInGraph
+	}
+	return false
 }
 
 // ExecuteStep is one step: the KV moves in order, then one decode of
@@ -1379,7 +1455,7 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"vocabulary\x18\x05 \x01(\v2\x15.dpnode.v1.VocabularyH\x00R\n" +
 	"vocabulary\x12.\n" +
 	"\x05error\x18\x06 \x01(\v2\x16.dpnode.v1.WorkerErrorH\x00R\x05errorB\x06\n" +
-	"\x04body\"\xfe\x02\n" +
+	"\x04body\"\xc0\x03\n" +
 	"\tLoadModel\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1d\n" +
 	"\n" +
@@ -1395,8 +1471,9 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\fstream_cells\x18\f \x01(\rR\vstreamCells\x12$\n" +
 	"\x0ekv_cache_dtype\x18\n" +
 	" \x01(\tR\fkvCacheDtype\x12'\n" +
-	"\x0fflash_attention\x18\v \x01(\bR\x0eflashAttentionJ\x04\b\t\x10\n" +
-	"\"\x84\x04\n" +
+	"\x0fflash_attention\x18\v \x01(\bR\x0eflashAttention\x12@\n" +
+	"\x0fgreedy_in_graph\x18\r \x01(\x0e2\x18.dpnode.v1.GreedyInGraphR\rgreedyInGraphJ\x04\b\t\x10\n" +
+	"\"\xac\x04\n" +
 	"\n" +
 	"ModelReady\x12\"\n" +
 	"\farchitecture\x18\x01 \x01(\tR\farchitecture\x12 \n" +
@@ -1418,7 +1495,8 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x06device\x18\f \x01(\tR\x06device\x12\x1f\n" +
 	"\vsystem_info\x18\r \x01(\tR\n" +
 	"systemInfo\x12(\n" +
-	"\x10max_batch_tokens\x18\x0e \x01(\rR\x0emaxBatchTokens\"g\n" +
+	"\x10max_batch_tokens\x18\x0e \x01(\rR\x0emaxBatchTokens\x12&\n" +
+	"\x0fgreedy_in_graph\x18\x10 \x01(\bR\rgreedyInGraph\"g\n" +
 	"\vExecuteStep\x12!\n" +
 	"\x03ops\x18\x01 \x03(\v2\x0f.dpnode.v1.KVOpR\x03ops\x125\n" +
 	"\tsequences\x18\x02 \x03(\v2\x17.dpnode.v1.StepSequenceR\tsequences\"d\n" +
@@ -1467,7 +1545,11 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x06pieces\x18\x01 \x01(\fR\x06pieces\x12\x18\n" +
 	"\aoffsets\x18\x02 \x03(\rR\aoffsets\"'\n" +
 	"\vWorkerError\x12\x18\n" +
-	"\amessage\x18\x01 \x01(\tR\amessageB3Z1github.com/dpnode/dpnode/proto/dpnode/v1;dpnodev1b\x06proto3"
+	"\amessage\x18\x01 \x01(\tR\amessage*a\n" +
+	"\rGreedyInGraph\x12\x1f\n" +
+	"\x1bGREEDY_IN_GRAPH_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12GREEDY_IN_GRAPH_ON\x10\x01\x12\x17\n" +
+	"\x13GREEDY_IN_GRAPH_OFF\x10\x02B3Z1github.com/dpnode/dpnode/proto/dpnode/v1;dpnodev1b\x06proto3"
 
 var (
 	file_dpnode_v1_worker_proto_rawDescOnce sync.Once
@@ -1481,45 +1563,48 @@ func file_dpnode_v1_worker_proto_rawDescGZIP() []byte {
 	return file_dpnode_v1_worker_proto_rawDescData
 }
 
+var file_dpnode_v1_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_dpnode_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_dpnode_v1_worker_proto_goTypes = []any{
-	(*WorkerRequest)(nil), // 0: dpnode.v1.WorkerRequest
-	(*WorkerReply)(nil),   // 1: dpnode.v1.WorkerReply
-	(*LoadModel)(nil),     // 2: dpnode.v1.LoadModel
-	(*ModelReady)(nil),    // 3: dpnode.v1.ModelReady
-	(*ExecuteStep)(nil),   // 4: dpnode.v1.ExecuteStep
-	(*KVOp)(nil),          // 5: dpnode.v1.KVOp
-	(*KVCopy)(nil),        // 6: dpnode.v1.KVCopy
-	(*KVRemove)(nil),      // 7: dpnode.v1.KVRemove
-	(*StepSequence)(nil),  // 8: dpnode.v1.StepSequence
-	(*SampleParams)(nil),  // 9: dpnode.v1.SampleParams
-	(*StepDone)(nil),      // 10: dpnode.v1.StepDone
-	(*TokenizeText)(nil),  // 11: dpnode.v1.TokenizeText
-	(*TokenIds)(nil),      // 12: dpnode.v1.TokenIds
-	(*GetVocabulary)(nil), // 13: dpnode.v1.GetVocabulary
-	(*Vocabulary)(nil),    // 14: dpnode.v1.Vocabulary
-	(*WorkerError)(nil),   // 15: dpnode.v1.WorkerError
+	(GreedyInGraph)(0),    // 0: dpnode.v1.GreedyInGraph
+	(*WorkerRequest)(nil), // 1: dpnode.v1.WorkerRequest
+	(*WorkerReply)(nil),   // 2: dpnode.v1.WorkerReply
+	(*LoadModel)(nil),     // 3: dpnode.v1.LoadModel
+	(*ModelReady)(nil),    // 4: dpnode.v1.ModelReady
+	(*ExecuteStep)(nil),   // 5: dpnode.v1.ExecuteStep
+	(*KVOp)(nil),          // 6: dpnode.v1.KVOp
+	(*KVCopy)(nil),        // 7: dpnode.v1.KVCopy
+	(*KVRemove)(nil),      // 8: dpnode.v1.KVRemove
+	(*StepSequence)(nil),  // 9: dpnode.v1.StepSequence
+	(*SampleParams)(nil),  // 10: dpnode.v1.SampleParams
+	(*StepDone)(nil),      // 11: dpnode.v1.StepDone
+	(*TokenizeText)(nil),  // 12: dpnode.v1.TokenizeText
+	(*TokenIds)(nil),      // 13: dpnode.v1.TokenIds
+	(*GetVocabulary)(nil), // 14: dpnode.v1.GetVocabulary
+	(*Vocabulary)(nil),    // 15: dpnode.v1.Vocabulary
+	(*WorkerError)(nil),   // 16: dpnode.v1.WorkerError
 }
 var file_dpnode_v1_worker_proto_depIdxs = []int32{
-	2,  // 0: dpnode.v1.WorkerRequest.load:type_name -> dpnode.v1.LoadModel
-	4,  // 1: dpnode.v1.WorkerRequest.step:type_name -> dpnode.v1.ExecuteStep
-	11, // 2: dpnode.v1.WorkerRequest.tokenize:type_name -> dpnode.v1.TokenizeText
-	13, // 3: dpnode.v1.WorkerRequest.vocabulary:type_name -> dpnode.v1.GetVocabulary
-	3,  // 4: dpnode.v1.WorkerReply.ready:type_name -> dpnode.v1.ModelReady
-	10, // 5: dpnode.v1.WorkerReply.step:type_name -> dpnode.v1.StepDone
-	12, // 6: dpnode.v1.WorkerReply.tokens:type_name -> dpnode.v1.TokenIds
-	14, // 7: dpnode.v1.WorkerReply.vocabulary:type_name -> dpnode.v1.Vocabulary
-	15, // 8: dpnode.v1.WorkerReply.error:type_name -> dpnode.v1.WorkerError
-	5,  // 9: dpnode.v1.ExecuteStep.ops:type_name -> dpnode.v1.KVOp
-	8,  // 10: dpnode.v1.ExecuteStep.sequences:type_name -> dpnode.v1.StepSequence
-	6,  // 11: dpnode.v1.KVOp.copy:type_name -> dpnode.v1.KVCopy
-	7,  // 12: dpnode.v1.KVOp.remove:type_name -> dpnode.v1.KVRemove
-	9,  // 13: dpnode.v1.StepSequence.sample:type_name -> dpnode.v1.SampleParams
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	3,  // 0: dpnode.v1.WorkerRequest.load:type_name -> dpnode.v1.LoadModel
+	5,  // 1: dpnode.v1.WorkerRequest.step:type_name -> dpnode.v1.ExecuteStep
+	12, // 2: dpnode.v1.WorkerRequest.tokenize:type_name -> dpnode.v1.TokenizeText
+	14, // 3: dpnode.v1.WorkerRequest.vocabulary:type_name -> dpnode.v1.GetVocabulary
+	4,  // 4: dpnode.v1.WorkerReply.ready:type_name -> dpnode.v1.ModelReady
+	11, // 5: dpnode.v1.WorkerReply.step:type_name -> dpnode.v1.StepDone
+	13, // 6: dpnode.v1.WorkerReply.tokens:type_name -> dpnode.v1.TokenIds
+	15, // 7: dpnode.v1.WorkerReply.vocabulary:type_name -> dpnode.v1.Vocabulary
+	16, // 8: dpnode.v1.WorkerReply.error:type_name -> dpnode.v1.WorkerError
+	0,  // 9: dpnode.v1.LoadModel.greedy_in_graph:type_name -> dpnode.v1.GreedyInGraph
+	6,  // 10: dpnode.v1.ExecuteStep.ops:type_name -> dpnode.v1.KVOp
+	9,  // 11: dpnode.v1.ExecuteStep.sequences:type_name -> dpnode.v1.StepSequence
+	7,  // 12: dpnode.v1.KVOp.copy:type_name -> dpnode.v1.KVCopy
+	8,  // 13: dpnode.v1.KVOp.remove:type_name -> dpnode.v1.KVRemove
+	10, // 14: dpnode.v1.StepSequence.sample:type_name -> dpnode.v1.SampleParams
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_worker_proto_init() }
@@ -1549,13 +1634,14 @@ func file_dpnode_v1_worker_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpnode_v1_worker_proto_rawDesc), len(file_dpnode_v1_worker_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_dpnode_v1_worker_proto_goTypes,
 		DependencyIndexes: file_dpnode_v1_worker_proto_depIdxs,
+		EnumInfos:         file_dpnode_v1_worker_proto_enumTypes,
 		MessageInfos:      file_dpnode_v1_worker_proto_msgTypes,
 	}.Build()
 	File_dpnode_v1_worker_proto = out.File

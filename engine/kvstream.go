@@ -48,7 +48,10 @@ var (
 //
 //   - from a kept stream: it takes that stream over, and the stream's
 //     tail past the hit is removed (a conversation coming back finds its
-//     last turn so);
+//     last turn so), when the hit is at least half of what the stream
+//     holds or the stream is the next to give up; otherwise as from a
+//     running stream, since cutting a kept conversation off for a shared
+//     system prompt would lose more than it saves;
 //   - from a running stream, when the hit is at least copyMinTokens: it
 //     is given a stream of its own (a free one, else the least recently
 //     used kept one) and the holder's whole stream is copied into it,
@@ -121,9 +124,10 @@ func (k *streamKV) takeOps() []SeqOp {
 }
 
 // lookup finds the longest prefix of req's full blocks that a stream
-// holds: a kept stream that holds it where there is one, and the blocks.
-// At least one token is always left to compute, because the step that
-// computes it samples the next one.
+// holds, and the stream to take it from: of the kept streams that hold
+// it, the one that holds least besides (taking it over loses least), else
+// the running stream that holds it. At least one token is always left to
+// compute, because the step that computes it samples the next one.
 func (k *streamKV) lookup(req *Request) (int32, int) {
 	if !k.prefixCaching {
 		return noSeq, 0
@@ -139,13 +143,22 @@ func (k *streamKV) lookup(req *Request) (int32, int) {
 		}
 		src, m = s, i+1
 	}
-	if m > 0 && k.streams[src].req != nil {
-		last := req.blockHashes[m-1]
-		for s := range k.streams {
-			if st := &k.streams[s]; st.req == nil && len(st.blocks) >= m && st.blocks[m-1] == last {
-				return int32(s), m
-			}
+	if m == 0 {
+		return noSeq, 0
+	}
+	last, kept := req.blockHashes[m-1], noSeq
+	for s := range k.streams {
+		st := &k.streams[s]
+		if st.req != nil || len(st.blocks) < m || st.blocks[m-1] != last {
+			continue
 		}
+		if kept == noSeq || len(st.blocks) < len(k.streams[kept].blocks) ||
+			len(st.blocks) == len(k.streams[kept].blocks) && st.lastUsed < k.streams[kept].lastUsed {
+			kept = int32(s)
+		}
+	}
+	if kept != noSeq {
+		return kept, m
 	}
 	return src, m
 }
@@ -170,13 +183,20 @@ func (k *streamKV) pick(avoid int32) int32 {
 
 func (k *streamKV) admit(req *Request, budget int) (int, int, bool) {
 	src, m := k.lookup(req)
-	if m > 0 && k.streams[src].req != nil && m*k.blockSize < k.copyMinTokens {
+	// Take a kept stream over when the hit is at least half of what it
+	// holds (a conversation's next turn holds all of its last), or when it
+	// is the stream a miss would give up anyway. Otherwise taking it over
+	// would throw away more of the prefix cache than the hit saves: a
+	// prompt that shares only a system prompt with a kept conversation
+	// would cut that conversation off for a few blocks.
+	takeOver := m > 0 && k.streams[src].req == nil && (2*m >= len(k.streams[src].blocks) || k.pick(noSeq) == src)
+	if m > 0 && !takeOver && m*k.blockSize < k.copyMinTokens {
 		// Computed again for less than the copy would cost.
 		src, m = noSeq, 0
 	}
 	cached := m * k.blockSize
 	dst := src
-	if m == 0 || k.streams[src].req != nil {
+	if m == 0 || !takeOver {
 		if dst = k.pick(src); dst == noSeq {
 			return 0, 0, false
 		}

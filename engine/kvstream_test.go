@@ -314,3 +314,35 @@ func TestSharedBlocksStayFindable(t *testing.T) {
 		t.Fatalf("the shared prefix: %d blocks found, want 4", n)
 	}
 }
+
+// TestSharedSystemPromptLeavesKeptConversationsAlone: a new conversation
+// that shares only a system prompt (one block) with a kept one computes
+// that block again in a stream of its own rather than taking the kept
+// conversation's stream over, so that the conversation's next turn still
+// finds all of its history.
+func TestSharedSystemPromptLeavesKeptConversationsAlone(t *testing.T) {
+	cfg := streamConfig(4, 2)
+	s := newTestScheduler(t, cfg)
+	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
+	out := map[string][]uint32{}
+	system := prompt(7, cfg.BlockSize)
+	first := slices.Concat(system, prompt(8, 40))
+	serveWithStreams(t, s, m, "a1", first, 6, out)
+	kv := s.kv.(*streamKV)
+	held := slices.IndexFunc(kv.streams, func(st kvStream) bool { return len(st.blocks) > 0 })
+	serveWithStreams(t, s, m, "b", slices.Concat(system, prompt(9, 20)), 3, out)
+	if n := len(kv.streams[held].blocks); n < (len(first)+5)/cfg.BlockSize {
+		t.Fatalf("the kept conversation's stream holds %d blocks after a request that shares only its system prompt", n)
+	}
+	before := m.computed
+	second := slices.Concat(first, out["a1"], prompt(10, 3))
+	serveWithStreams(t, s, m, "a2", second, 2, out)
+	// a1 computed its prompt and 5 of its 6 outputs.
+	hit := (len(first) + 5) / cfg.BlockSize * cfg.BlockSize
+	if got, want := m.computed-before, len(second)-hit+1; got != want {
+		t.Fatalf("the conversation's second turn computed %d tokens, want %d", got, want)
+	}
+	if m.copies != 0 {
+		t.Fatalf("%d stream copies, want none", m.copies)
+	}
+}

@@ -9,6 +9,9 @@
 #   dpnode-live    dpnode, two ranks, its live balancing with prefix affinity
 #   dpnode-rr      the same, round robin
 #   dpnode-nopc    dpnode live, --no-enable-prefix-caching
+# dpnode's KV cache (KV, 2GiB a rank) holds 256 streams of 4,096 tokens: 16
+# run requests, the rest keep finished ones' prefixes. llama-server keeps
+# its prompt cache in up to 8 GiB of host memory (--cache-ram's default).
 # The workload is Mooncake's conversation trace (../shared/data): the
 # first REQUESTS requests, hash blocks of 16 tokens (prompt lengths divided
 # by 32), outputs cut to 48, greedy, as Poisson arrivals at each of RATES
@@ -59,7 +62,7 @@ export DPNODE_LLAMACPP_WORKER=/tmp/dpnode-bench/worker/dpnode-llama-worker
 work=(--trace "$TRACE" --trace-block-tokens 16 --output-max 48 --max-model-len 4096 --requests "$REQUESTS"
   --temperature 0 --quiet)
 dpnode_args=(join --engine llamacpp --model "$MODEL" --host 127.0.0.1 --port 18000 --bind 127.0.0.1:17946
-  --data-parallel-rpc-port 0 --gpus 2 --threads 1 --kv-cache-dtype float16 --kv-cache-memory-bytes 512MiB
+  --data-parallel-rpc-port 0 --gpus 2 --threads 1 --kv-cache-dtype float16 --kv-cache-memory-bytes ${KV:-2GiB}
   --max-num-seqs 16 --max-model-len 4096 --log-level warn ${DPNODE_EXTRA:-})
 
 start() {

@@ -49,9 +49,10 @@ var (
 //   - from a kept stream: it takes that stream over, and the stream's
 //     tail past the hit is removed (a conversation coming back finds its
 //     last turn so), when the hit is at least half of what the stream
-//     holds or the stream is the next to give up; otherwise as from a
-//     running stream, since cutting a kept conversation off for a shared
-//     system prompt would lose more than it saves;
+//     holds, or at least copyMinTokens, or the stream is the next to
+//     give up; otherwise the hit is computed again, since cutting a kept
+//     conversation off for a shared system prompt would lose more than it
+//     saves;
 //   - from a running stream, when the hit is at least copyMinTokens: it
 //     is given a stream of its own (a free one, else the least recently
 //     used kept one) and the holder's whole stream is copied into it,
@@ -184,12 +185,15 @@ func (k *streamKV) pick(avoid int32) int32 {
 func (k *streamKV) admit(req *Request, budget int) (int, int, bool) {
 	src, m := k.lookup(req)
 	// Take a kept stream over when the hit is at least half of what it
-	// holds (a conversation's next turn holds all of its last), or when it
-	// is the stream a miss would give up anyway. Otherwise taking it over
-	// would throw away more of the prefix cache than the hit saves: a
-	// prompt that shares only a system prompt with a kept conversation
-	// would cut that conversation off for a few blocks.
-	takeOver := m > 0 && k.streams[src].req == nil && (2*m >= len(k.streams[src].blocks) || k.pick(noSeq) == src)
+	// holds (a conversation's next turn holds all of its last), or worth
+	// a copy, or when it is the stream a miss would give up anyway.
+	// Otherwise taking it over would throw away more of the prefix cache
+	// than the hit saves: a prompt that shares only a system prompt with a
+	// kept conversation would cut that conversation off for a few blocks.
+	// A kept stream is never copied: a copy stalls every sequence of the
+	// rank while llama.cpp reserves its graph again.
+	takeOver := m > 0 && k.streams[src].req == nil &&
+		(2*m >= len(k.streams[src].blocks) || m*k.blockSize >= k.copyMinTokens || k.pick(noSeq) == src)
 	if m > 0 && !takeOver && m*k.blockSize < k.copyMinTokens {
 		// Computed again for less than the copy would cost.
 		src, m = noSeq, 0

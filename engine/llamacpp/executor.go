@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"sync/atomic"
 	"time"
 
 	"github.com/dpnode/dpnode/engine"
@@ -47,7 +48,15 @@ type Executor struct {
 	w      *Worker
 	ready  *dpnodev1.ModelReady
 	limits engine.Limits
+	// gapTokens counts the tokens the worker put between the steps'
+	// streams so that llama.cpp computed each step in fewer passes.
+	gapTokens atomic.Uint64
 }
+
+// GapTokens is how many tokens the worker has put in streams between the
+// steps' sequences (and taken out after), to compute steps in fewer
+// passes.
+func (e *Executor) GapTokens() uint64 { return e.gapTokens.Load() }
 
 var (
 	_ engine.Executor = (*Executor)(nil)
@@ -166,6 +175,7 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 	if done == nil {
 		return engine.StepResult{}, fmt.Errorf("llamacpp: the worker answered a step with %T", rep.Body)
 	}
+	e.gapTokens.Add(uint64(done.GapTokens))
 	res := engine.StepResult{Tokens: make([]uint32, len(b.Requests)), Duration: time.Duration(done.ComputeNanos), ComputedTokens: int(done.ComputedTokens),
 		Phases: engine.StepPhases{KVOps: time.Duration(done.KvOpsNanos), Model: time.Duration(done.DecodeNanos), Sample: time.Duration(done.SampleNanos)}}
 	k := 0

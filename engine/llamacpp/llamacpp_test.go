@@ -465,3 +465,62 @@ func TestGreedyInTheGraphMatchesTheHost(t *testing.T) {
 		t.Fatalf("the seeded request beside greedy ones in the graph:\n got %v\nwant %v (on the host)", got["sampled"], want["sampled"])
 	}
 }
+
+// TestGapsBetweenDecodingStreamsAreFilledWithoutHarm decodes sequences in
+// streams 0, 2 and 5 while stream 1 keeps a prompt and streams 3 and 4 are
+// empty: the worker puts a token in each stream between, so that llama.cpp
+// computes the step in one pass, and takes it out after. The decodes end
+// as llama.cpp's own greedy decode, and stream 1 then goes on from its
+// prompt as if nothing had been put in it.
+func TestGapsBetweenDecodingStreamsAreFilledWithoutHarm(t *testing.T) {
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 8, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512}
+	e := newExecutor(t, cfg)
+	const steps = 12
+	seqs := []int32{1, 0, 2, 5}
+	prompts := make([][]uint32, len(seqs))
+	for i := range seqs {
+		prompts[i] = make([]uint32, 10+3*i)
+		for j := range prompts[i] {
+			prompts[i][j] = uint32(900 + (i*307+j*41)%9000)
+		}
+	}
+	greedy := &engine.SamplingParams{}
+	out := make([][]uint32, len(seqs))
+	exec := func(reqs []engine.ScheduledRequest, which []int) {
+		t.Helper()
+		res, err := e.Execute(context.Background(), &engine.Batch{Requests: reqs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, i := range which {
+			out[i] = append(out[i], res.Tokens[k])
+		}
+	}
+	prefill := func(i int) engine.ScheduledRequest {
+		return engine.ScheduledRequest{ID: fmt.Sprint(i), Seq: seqs[i], NumNewTokens: len(prompts[i]), Tokens: prompts[i], SampleIndex: 0, Sampling: greedy}
+	}
+	decode := func(i int) engine.ScheduledRequest {
+		return engine.ScheduledRequest{ID: fmt.Sprint(i), Seq: seqs[i], NumComputed: len(prompts[i]) + len(out[i]) - 1, NumNewTokens: 1,
+			SampleIndex: len(out[i]), Decode: true, Sampling: greedy}
+	}
+	exec([]engine.ScheduledRequest{prefill(0)}, []int{0})
+	exec([]engine.ScheduledRequest{prefill(1), prefill(2), prefill(3)}, []int{1, 2, 3})
+	for range steps - 1 {
+		exec([]engine.ScheduledRequest{decode(1), decode(2), decode(3)}, []int{1, 2, 3})
+	}
+	// Stream 1 held its prompt (and a sampled token not yet computed)
+	// through the fills; now it decodes alone.
+	for range steps - 1 {
+		exec([]engine.ScheduledRequest{decode(0)}, []int{0})
+	}
+	// Each of the decode steps filled streams 1, 3 and 4.
+	if got, want := e.GapTokens(), uint64(3*(steps-1)); got != want {
+		t.Fatalf("%d tokens filled gaps, want %d", got, want)
+	}
+	ref := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", steps, prompts)
+	for i := range seqs {
+		if !slices.Equal(out[i], ref[i]) {
+			t.Fatalf("stream %d:\n got %v\nwant %v", seqs[i], out[i], ref[i])
+		}
+	}
+}

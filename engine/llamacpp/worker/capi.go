@@ -423,6 +423,11 @@ func (c *context) seqCopy(src, dst int32) {
 	C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), -1, -1)
 }
 
+// posMax is the last position sequence seq holds, -1 when it holds none.
+func (c *context) posMax(seq int32) int32 {
+	return int32(C.llama_memory_seq_pos_max(c.mem, C.llama_seq_id(seq)))
+}
+
 func (c *context) seqRemove(seq, p0, p1 int32) bool {
 	return bool(C.llama_memory_seq_rm(c.mem, C.llama_seq_id(seq), C.llama_pos(p0), C.llama_pos(p1)))
 }

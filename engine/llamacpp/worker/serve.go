@@ -124,7 +124,24 @@ type server struct {
 	// greedySteps counts the steps in a row whose rows were all greedy
 	// while the graph's greedy chains were off.
 	greedySteps int
+	// fillers are the streams a step filled a gap with, and where.
+	fillers     []filler
+	streamCells int32
 }
+
+// filler is one token put in a stream that is not in the step, at pos,
+// and taken out after it.
+type filler struct{ seq, pos int32 }
+
+// maxFillGap is the widest gap between the step's sequence ids that the
+// worker fills. llama.cpp computes a run of consecutive streams with equal
+// token counts in one pass over the weights, and makes a pass of its own
+// for each run: in a decode step whose sequences have ids 3, 5 and 9 it
+// makes three. The worker closes such gaps with a token in each stream
+// between (a kept or free one), computed beside the others without
+// logits and removed after the step: a token is far cheaper than a pass
+// (the prefix cache's kept streams are what scatters the running ids).
+const maxFillGap = 8
 
 // reattachAfter is how many steps of greedy rows only the worker waits
 // before it samples them in the graph again: each switch makes llama.cpp
@@ -229,6 +246,7 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	ready.GreedyInGraph = inGraph
 	s.ctx = ctx
 	s.samplers = sampling.NewPool(m.nVocab(), int(l.Threads))
+	s.streamCells = int32(ctx.streamCells())
 	s.last = make([]uint32, ctx.sequences())
 	s.hasLast = make([]bool, ctx.sequences())
 	ready.KvCells = uint32(ctx.cells())
@@ -289,9 +307,22 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 	}
 	slices.SortFunc(s.order, func(a, b int) int { return cmp.Compare(st.Sequences[a].Seq, st.Sequences[b].Seq) })
 	s.outIndex = slices.Grow(s.outIndex[:0], len(st.Sequences))[:len(st.Sequences)]
+	// Gaps are filled only in a step of one token a sequence (decodes):
+	// a run needs equal token counts.
+	oneEach := true
+	for _, q := range st.Sequences {
+		if len(q.Tokens) > 1 {
+			oneEach = false
+			break
+		}
+	}
+	s.fillers = s.fillers[:0]
 	n := 0
-	for _, i := range s.order {
+	for k, i := range s.order {
 		q := st.Sequences[i]
+		if oneEach && k > 0 {
+			n = s.fill(st.Sequences[s.order[k-1]].Seq, q.Seq, n, len(s.order)-k)
+		}
 		tokens := q.Tokens
 		if len(tokens) == 0 {
 			if !s.hasLast[q.Seq] {
@@ -323,13 +354,20 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 	if err := s.placeSampling(); err != nil {
 		return nil, err
 	}
-	done.ComputedTokens = uint32(n)
+	// The requests' tokens: a gap's fillers are not theirs.
+	done.ComputedTokens = uint32(n - len(s.fillers))
+	done.GapTokens = uint32(len(s.fillers))
 	if n > 0 {
 		t := time.Now()
 		if err := c.decode(n); err != nil {
 			return nil, err
 		}
 		done.DecodeNanos = time.Since(t).Nanoseconds()
+	}
+	for _, f := range s.fillers {
+		if !c.seqRemove(f.seq, f.pos, -1) {
+			return nil, fmt.Errorf("llama.cpp could not remove the gap's token from sequence %d", f.seq)
+		}
 	}
 	sampleStart := time.Now()
 	if c.attached {
@@ -390,4 +428,29 @@ func (s *server) placeSampling() error {
 		}
 	}
 	return nil
+}
+
+// fill puts a token in each stream between the step's sequences a and b
+// (a < b), when the gap is at most maxFillGap and each of its streams has
+// room, so that llama.cpp computes them in one pass; rest is how many of
+// the step's sequences are still to come. It returns the batch's length.
+func (s *server) fill(a, b int32, n, rest int) int {
+	gap := int(b - a - 1)
+	if gap == 0 || gap > maxFillGap || n+gap+rest > s.ctx.nBatch {
+		return n
+	}
+	first := len(s.fillers)
+	for seq := a + 1; seq < b; seq++ {
+		pos := s.ctx.posMax(seq) + 1
+		if pos >= s.streamCells {
+			s.fillers = s.fillers[:first]
+			return n
+		}
+		s.fillers = append(s.fillers, filler{seq: seq, pos: pos})
+	}
+	for _, f := range s.fillers[first:] {
+		s.ctx.batchToken(n, 0, f.pos, f.seq, false)
+		n++
+	}
+	return n
 }

@@ -1114,7 +1114,11 @@ type StepDone struct {
 	// runs asynchronously; the worker waits for it before sampling).
 	DecodeNanos int64 `protobuf:"varint,5,opt,name=decode_nanos,json=decodeNanos,proto3" json:"decode_nanos,omitempty"`
 	// Sampling the step's tokens from the logits, on the host.
-	SampleNanos   int64 `protobuf:"varint,6,opt,name=sample_nanos,json=sampleNanos,proto3" json:"sample_nanos,omitempty"`
+	SampleNanos int64 `protobuf:"varint,6,opt,name=sample_nanos,json=sampleNanos,proto3" json:"sample_nanos,omitempty"`
+	// Tokens put in streams between the step's sequences, and taken out
+	// after it, so that llama.cpp computes the step in fewer passes (not in
+	// computed_tokens).
+	GapTokens     uint32 `protobuf:"varint,7,opt,name=gap_tokens,json=gapTokens,proto3" json:"gap_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1187,6 +1191,13 @@ func (x *StepDone) GetDecodeNanos() int64 {
 func (x *StepDone) GetSampleNanos() int64 {
 	if x != nil {
 		return x.SampleNanos
+	}
+	return 0
+}
+
+func (x *StepDone) GetGapTokens() uint32 {
+	if x != nil {
+		return x.GapTokens
 	}
 	return 0
 }
@@ -1523,7 +1534,7 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x13\n" +
 	"\x05top_k\x18\x03 \x01(\x05R\x04topK\x12\x12\n" +
 	"\x04seed\x18\x04 \x01(\x04R\x04seed\x12(\n" +
-	"\x10banned_token_ids\x18\x05 \x03(\rR\x0ebannedTokenIds\"\xd8\x01\n" +
+	"\x10banned_token_ids\x18\x05 \x03(\rR\x0ebannedTokenIds\"\xf7\x01\n" +
 	"\bStepDone\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x12'\n" +
 	"\x0fcomputed_tokens\x18\x02 \x01(\rR\x0ecomputedTokens\x12#\n" +
@@ -1531,7 +1542,9 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\fkv_ops_nanos\x18\x04 \x01(\x03R\n" +
 	"kvOpsNanos\x12!\n" +
 	"\fdecode_nanos\x18\x05 \x01(\x03R\vdecodeNanos\x12!\n" +
-	"\fsample_nanos\x18\x06 \x01(\x03R\vsampleNanos\"h\n" +
+	"\fsample_nanos\x18\x06 \x01(\x03R\vsampleNanos\x12\x1d\n" +
+	"\n" +
+	"gap_tokens\x18\a \x01(\rR\tgapTokens\"h\n" +
 	"\fTokenizeText\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12\x1f\n" +
 	"\vadd_special\x18\x02 \x01(\bR\n" +

@@ -39,44 +39,51 @@ var (
 // attends over each sequence's own cells only: what other sequences and
 // the prefix cache hold costs it nothing.
 //
-// A stream is free, running (it holds a running request's KV) or kept
-// (it holds a finished request's KV for the prefix cache). The prefix
-// cache indexes the full blocks streams hold, by hash; a stream holding
-// a block at its index holds every block before it, since a block's hash
-// chains over all tokens before it. A request whose prompt starts with
-// blocks a stream holds gets them without computing them:
+// The streams are in two regions. The first maxRunning streams run
+// requests: a request takes the lowest free one, so that running
+// sequences have nearly consecutive ids, and a gap between them is an
+// empty stream. llama.cpp computes consecutive streams with equal token
+// counts in one pass over the weights, and makes a pass of its own for
+// each run of them; an executor can fill a gap of empty streams with a
+// token that costs almost nothing (the llama.cpp worker does), while a
+// gap of streams that hold long histories would make every stream of the
+// pass attend over as many cells. The rest of the streams are kept: they
+// hold finished requests' KV for the prefix cache, least recently used
+// given up first.
 //
-//   - from a kept stream: it takes that stream over, and the stream's
-//     tail past the hit is removed (a conversation coming back finds its
-//     last turn so), when the hit is at least half of what the stream
-//     holds, or at least copyMinTokens, or the stream is the next to
-//     give up; otherwise the hit is computed again, since cutting a kept
-//     conversation off for a shared system prompt would lose more than it
-//     saves;
-//   - from a running stream, when the hit is at least copyMinTokens: it
-//     is given a stream of its own (a free one, else the least recently
-//     used kept one) and the holder's whole stream is copied into it,
-//     which is the only copy llama.cpp makes between streams, and the
-//     copy's tail past the hit is removed. A copy costs llama.cpp a new
-//     worst-case graph besides the memory: on the benchmark CPU, 50 to
-//     80 ms, what computing 500 tokens costs; a shorter hit is computed.
+// The prefix cache indexes the full blocks streams hold, by hash; a
+// stream holding a block at its index holds every block before it, since
+// a block's hash chains over all tokens before it. A request whose prompt
+// starts with blocks a stream holds, kept or running, gets them by a copy
+// of that stream into its own (llama.cpp copies whole streams only) whose
+// tail past the hit is then removed; of the streams that hold the hit,
+// the one that holds least is copied. A copy costs far less than
+// computing the cells (llama.cpp copies the stream's buffer and reserves
+// its graph again: 1 ms for 1,000 tokens among 128 streams of the
+// benchmark model on a CPU, where computing 2,048 tokens takes 30 ms),
+// but it is made only when the hit is at least 1/copyRatio of what the
+// source holds: a prompt that shares a short system prompt with a long
+// kept conversation computes it.
 //
-// A request without a hit takes a free stream, else the least recently
-// used kept one. New streams are the lowest free ids, so that running
-// sequences tend to have consecutive ids: llama.cpp computes consecutive
-// streams with equal token counts in one pass over the weights.
+// A finished request's stream is copied into the kept region: into the
+// kept stream its prefix came from when that holds a prefix of it (a
+// conversation's last turn is replaced by its longer next turn), else
+// into a free kept stream, else into the least recently used one. With no
+// kept region (no more streams than running requests), an idle running
+// stream keeps its last request's KV until a request needs the stream,
+// and a hit on it takes it over in place.
 type streamKV struct {
 	blockSize     int
 	prefixCaching bool
 	// cells is each stream's capacity in tokens.
 	cells int
-	// running bounds the running requests: usage is a share of what they
-	// may hold.
+	// running is how many streams run requests: [0, running). The others
+	// are kept for the prefix cache.
 	running int
-	// copyMinTokens is the shortest hit worth copying a running stream
-	// for (DefaultStreamCopyMinTokens).
-	copyMinTokens int
-	streams       []kvStream
+	// copyRatio bounds what a hit copies: the source may hold at most
+	// copyRatio times the hit (DefaultStreamCopyRatio); 0 copies nothing.
+	copyRatio int
+	streams   []kvStream
 	// byHash finds a stream that holds a block, by the Key of the block's
 	// hash; the stream's blocks have the whole hash.
 	byHash map[uint64]int32
@@ -89,31 +96,37 @@ type kvStream struct {
 	// stream is free or kept.
 	req *Request
 	// blocks are the hashes of the full blocks the stream holds: block i
-	// at positions [i·blockSize, (i+1)·blockSize). Only a stream with
-	// blocks is kept for the prefix cache.
+	// at positions [i·blockSize, (i+1)·blockSize). Only a kept stream with
+	// blocks is worth keeping.
 	blocks []BlockHash
 	// used is the positions [0, used) that hold KV, as the scheduler last
 	// knew them.
 	used int
 	// lastUsed orders kept streams for eviction.
 	lastUsed uint64
+	// from is the kept stream a running request's prefix was copied from,
+	// or noSeq.
+	from int32
 }
 
-// DefaultStreamCopyMinTokens is the shortest prefix hit for which a
-// request copies a running request's stream rather than computing the
-// prefix again (see streamKV).
-const DefaultStreamCopyMinTokens = 1024
+// DefaultStreamCopyRatio bounds a prefix hit's copy: the stream copied may
+// hold at most this many times the hit's tokens (see streamKV).
+const DefaultStreamCopyRatio = 8
 
 func newStreamKV(streams, cells, blockSize, maxRunning int, prefixCaching bool) *streamKV {
-	return &streamKV{
+	k := &streamKV{
 		blockSize:     blockSize,
 		prefixCaching: prefixCaching,
 		cells:         cells,
 		running:       min(streams, maxRunning),
-		copyMinTokens: DefaultStreamCopyMinTokens,
+		copyRatio:     DefaultStreamCopyRatio,
 		streams:       make([]kvStream, streams),
 		byHash:        make(map[uint64]int32),
 	}
+	for i := range k.streams {
+		k.streams[i].from = noSeq
+	}
+	return k
 }
 
 func (k *streamKV) op(op SeqOp) { k.ops = append(k.ops, op) }
@@ -125,103 +138,122 @@ func (k *streamKV) takeOps() []SeqOp {
 }
 
 // lookup finds the longest prefix of req's full blocks that a stream
-// holds, and the stream to take it from: of the kept streams that hold
-// it, the one that holds least besides (taking it over loses least), else
-// the running stream that holds it. At least one token is always left to
-// compute, because the step that computes it samples the next one.
+// holds, and of the streams that hold it the one that holds least (the
+// cheapest to copy). At least one token is always left to compute,
+// because the step that computes it samples the next one.
 func (k *streamKV) lookup(req *Request) (int32, int) {
 	if !k.prefixCaching {
 		return noSeq, 0
 	}
 	maxBlocks := (req.numTokens() - 1) / k.blockSize
 	req.extendHashes(k.blockSize, maxBlocks)
-	src, m := noSeq, 0
+	m := 0
 	for i := 0; i < maxBlocks; i++ {
 		h := req.blockHashes[i]
 		s, ok := k.byHash[h.Key()]
 		if !ok || len(k.streams[s].blocks) <= i || k.streams[s].blocks[i] != h {
 			break
 		}
-		src, m = s, i+1
+		m = i + 1
 	}
 	if m == 0 {
 		return noSeq, 0
 	}
-	last, kept := req.blockHashes[m-1], noSeq
+	last, src := req.blockHashes[m-1], noSeq
 	for s := range k.streams {
 		st := &k.streams[s]
-		if st.req != nil || len(st.blocks) < m || st.blocks[m-1] != last {
+		if len(st.blocks) < m || st.blocks[m-1] != last {
 			continue
 		}
-		if kept == noSeq || len(st.blocks) < len(k.streams[kept].blocks) ||
-			len(st.blocks) == len(k.streams[kept].blocks) && st.lastUsed < k.streams[kept].lastUsed {
-			kept = int32(s)
+		if src == noSeq || st.used < k.streams[src].used {
+			src = int32(s)
 		}
-	}
-	if kept != noSeq {
-		return kept, m
 	}
 	return src, m
 }
 
-// pick returns the stream a request without a stream of its own to take
-// over gets: the lowest free one, else the least recently used kept one
-// other than avoid; noSeq when every stream runs.
-func (k *streamKV) pick(avoid int32) int32 {
+// free returns the lowest running stream that holds nothing, else (with
+// no kept streams, below) the least recently used idle one, whose KV it
+// gives up; noSeq when every running stream runs a request.
+func (k *streamKV) free() int32 {
 	victim := noSeq
-	for s := range k.streams {
+	for s := range k.running {
 		st := &k.streams[s]
 		switch {
-		case st.req != nil || int32(s) == avoid:
+		case st.req != nil:
 		case len(st.blocks) == 0 && st.used == 0:
 			return int32(s)
 		case victim == noSeq || st.lastUsed < k.streams[victim].lastUsed:
 			victim = int32(s)
 		}
 	}
+	if victim != noSeq {
+		k.forget(victim, 0)
+		k.op(SeqOp{Kind: SeqRemove, Dst: victim, P0: 0, P1: -1})
+		k.streams[victim].used = 0
+	}
 	return victim
 }
 
 func (k *streamKV) admit(req *Request, budget int) (int, int, bool) {
 	src, m := k.lookup(req)
-	// Take a kept stream over when the hit is at least half of what it
-	// holds (a conversation's next turn holds all of its last), or worth
-	// a copy, or when it is the stream a miss would give up anyway.
-	// Otherwise taking it over would throw away more of the prefix cache
-	// than the hit saves: a prompt that shares only a system prompt with a
-	// kept conversation would cut that conversation off for a few blocks.
-	// A kept stream is never copied: a copy stalls every sequence of the
-	// rank while llama.cpp reserves its graph again.
-	takeOver := m > 0 && k.streams[src].req == nil &&
-		(2*m >= len(k.streams[src].blocks) || m*k.blockSize >= k.copyMinTokens || k.pick(noSeq) == src)
-	if m > 0 && !takeOver && m*k.blockSize < k.copyMinTokens {
-		// Computed again for less than the copy would cost.
+	if m > 0 && m*k.blockSize*k.copyRatio < k.streams[src].used {
+		// Copying the source, or cutting it, would cost more than
+		// computing the hit.
 		src, m = noSeq, 0
 	}
-	cached := m * k.blockSize
-	dst := src
-	if m == 0 || !takeOver {
-		if dst = k.pick(src); dst == noSeq {
+	var dst int32
+	if m > 0 && int(src) < k.running && k.streams[src].req == nil {
+		// With no kept streams (a KV budget of no more streams than
+		// running requests), an idle running stream keeps its finished
+		// request's KV: it is taken over in place.
+		dst = src
+		k.forget(dst, m)
+	} else {
+		if dst = k.free(); dst == noSeq {
 			return 0, 0, false
+		}
+		k.streams[dst].blocks = k.streams[dst].blocks[:0]
+		if m > 0 {
+			k.op(SeqOp{Kind: SeqCopy, Src: src, Dst: dst, P0: -1, P1: -1})
+			k.streams[dst].blocks = append(k.streams[dst].blocks, k.streams[src].blocks[:m]...)
+			k.streams[src].lastUsed = k.touch()
 		}
 	}
 	st := &k.streams[dst]
-	if dst != src {
-		k.forget(dst, 0)
-		if m > 0 {
-			k.op(SeqOp{Kind: SeqCopy, Src: src, Dst: dst, P0: -1, P1: -1})
-			st.blocks = append(st.blocks[:0], k.streams[src].blocks[:m]...)
-			k.streams[src].lastUsed = k.touch()
-		}
-	} else {
-		k.forget(dst, m)
+	st.from = noSeq
+	if m > 0 && src != dst && k.streams[src].req == nil {
+		st.from = src
 	}
-	// Past the hit the stream holds another request's tokens, or those of
-	// a step that computed an aborted request: they go.
+	cached := m * k.blockSize
+	// Past the hit the stream holds the source's other tokens, or those
+	// of a step that computed an aborted request: they go.
 	k.op(SeqOp{Kind: SeqRemove, Dst: dst, P0: int32(cached), P1: -1})
 	st.used, st.req, st.lastUsed = cached, req, k.touch()
 	req.seq, req.executorHasLast = dst, false
 	return cached, min(req.numTokens()-cached, budget), true
+}
+
+// keep returns the kept stream that a finished request's stream st is
+// copied into: the one its prefix came from while that holds a prefix of
+// it, else a free one, else the least recently used one.
+func (k *streamKV) keep(st *kvStream) int32 {
+	if f := st.from; f != noSeq {
+		fs := &k.streams[f]
+		if n := len(fs.blocks); n > 0 && n <= len(st.blocks) && fs.blocks[n-1] == st.blocks[n-1] {
+			return f
+		}
+	}
+	victim := noSeq
+	for s := k.running; s < len(k.streams); s++ {
+		if len(k.streams[s].blocks) == 0 {
+			return int32(s)
+		}
+		if victim == noSeq || k.streams[s].lastUsed < k.streams[victim].lastUsed {
+			victim = int32(s)
+		}
+	}
+	return victim
 }
 
 func (k *streamKV) touch() uint64 {
@@ -266,13 +298,27 @@ func (k *streamKV) release(req *Request) {
 	req.seq = noSeq
 	st := &k.streams[s]
 	st.req = nil
-	if len(st.blocks) > 0 {
-		// Kept for the prefix cache.
+	if len(st.blocks) > 0 && len(k.streams) == k.running {
+		// No kept streams: the stream keeps it until it is needed.
 		st.lastUsed = k.touch()
 		return
 	}
+	if len(st.blocks) > 0 {
+		dst := k.keep(st)
+		d := &k.streams[dst]
+		if len(d.blocks) != len(st.blocks) || d.blocks[len(d.blocks)-1] != st.blocks[len(st.blocks)-1] {
+			// Not what dst holds already (an aborted hit holds only that).
+			k.forget(dst, 0)
+			k.op(SeqOp{Kind: SeqCopy, Src: s, Dst: dst, P0: -1, P1: -1})
+			d.blocks = append(d.blocks[:0], st.blocks...)
+			d.used = st.used
+		}
+		d.lastUsed = k.touch()
+	}
+	// The index finds st's blocks in the kept copy, or in other holders.
+	k.forget(s, 0)
 	k.op(SeqOp{Kind: SeqRemove, Dst: s, P0: 0, P1: -1})
-	st.used = 0
+	st.used, st.from = 0, noSeq
 }
 
 // forget takes a stream's blocks from keep on out of the prefix cache:

@@ -130,6 +130,12 @@ func checkStreamInvariants(t tester, s *Scheduler, kv *streamKV) {
 		if st.req == nil && len(st.blocks) == 0 && st.used != 0 {
 			t.Fatalf("free stream %d holds %d positions", i, st.used)
 		}
+		if i < kv.running && len(kv.streams) > kv.running && st.req == nil && (st.used != 0 || len(st.blocks) != 0) {
+			t.Fatalf("running stream %d holds %d positions and %d blocks without a request", i, st.used, len(st.blocks))
+		}
+		if i >= kv.running && st.req != nil {
+			t.Fatalf("kept stream %d (of %d running) runs %s", i, kv.running, st.req.id)
+		}
 	}
 	if owners != len(s.running) {
 		t.Fatalf("%d streams hold requests, %d run", owners, len(s.running))
@@ -144,6 +150,18 @@ func checkStreamInvariants(t tester, s *Scheduler, kv *streamKV) {
 			t.Fatalf("the prefix index finds a block in stream %d, which does not hold it", st)
 		}
 	}
+}
+
+// copiesMade counts the stream copies m made and those kv has yet to send
+// (a request's release is carried out with the next step).
+func copiesMade(m *streamModel, kv *streamKV) int {
+	n := m.copies
+	for _, op := range kv.ops {
+		if op.Kind == SeqCopy {
+			n++
+		}
+	}
+	return n
 }
 
 func streamConfig(streams, maxSeqs int) SchedulerConfig {
@@ -174,7 +192,7 @@ func serveWithStreams(t *testing.T, s *Scheduler, m *streamModel, id string, p [
 // second request sharing a long prefix with a finished one computes only
 // its own tokens: the prefix's KV is reused, not recomputed.
 func TestPrefixHitComputesOnlyTheRest(t *testing.T) {
-	cfg := streamConfig(8, 8)
+	cfg := streamConfig(8, 4)
 	s := newTestScheduler(t, cfg)
 	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
 	shared := prompt(1, 40)
@@ -190,24 +208,35 @@ func TestPrefixHitComputesOnlyTheRest(t *testing.T) {
 	if st := s.Stats(); st.PrefixHits != 40 {
 		t.Fatalf("prefix hits %d, want 40", st.PrefixHits)
 	}
-	// a's kept stream holds more than the hit (a's own tokens): b takes
-	// it over and cuts it, with nothing copied.
-	if m.copies != 0 {
-		t.Fatalf("%d stream copies, want none", m.copies)
+	// a's stream went to the kept region, b's came from there, and b's
+	// went there too: b's last block is not a's, so a's stays.
+	kv := s.kv.(*streamKV)
+	if n := copiesMade(m, kv); n != 3 {
+		t.Fatalf("%d stream copies, want 3", n)
+	}
+	for _, p := range prompts {
+		if _, n := kv.lookup(&Request{prompt: slices.Concat(p, []uint32{1}), seq: noSeq}); n != 10 {
+			t.Fatalf("a finished prompt's prefix: %d blocks found, want 10", n)
+		}
 	}
 }
 
-// TestConversationTakesItsStreamBack: a request that continues a finished
-// one (its prompt is the first's prompt and output, and more) takes the
-// first's kept stream over, with nothing copied.
-func TestConversationTakesItsStreamBack(t *testing.T) {
+// TestConversationReplacesItsKeptTurn: a request that continues a finished
+// one (its prompt is the first's prompt and output, and more) gets the
+// first's KV from its kept stream, and when it finishes its own KV
+// replaces the first's there: the cache keeps the conversation once.
+func TestConversationReplacesItsKeptTurn(t *testing.T) {
 	cfg := streamConfig(4, 2)
 	s := newTestScheduler(t, cfg)
 	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
 	out := map[string][]uint32{}
 	first := prompt(3, 21)
 	serveWithStreams(t, s, m, "turn1", first, 12, out)
-	seq := slices.IndexFunc(s.kv.(*streamKV).streams, func(st kvStream) bool { return len(st.blocks) > 0 })
+	kv := s.kv.(*streamKV)
+	seq := slices.IndexFunc(kv.streams, func(st kvStream) bool { return len(st.blocks) > 0 })
+	if seq < kv.running {
+		t.Fatalf("turn1's KV is kept in stream %d, one of the %d running streams", seq, kv.running)
+	}
 	before := m.computed
 	second := slices.Concat(first, out["turn1"], prompt(4, 6))
 	serveWithStreams(t, s, m, "turn2", second, 2, out)
@@ -216,28 +245,28 @@ func TestConversationTakesItsStreamBack(t *testing.T) {
 	if got, want := m.computed-before, len(second)-32+1; got != want {
 		t.Fatalf("the second turn computed %d tokens, want %d", got, want)
 	}
-	if m.copies != 0 {
-		t.Fatalf("%d stream copies, want none", m.copies)
-	}
-	if kept := s.kv.(*streamKV).streams[seq]; len(kept.blocks) < 8 {
-		t.Fatalf("stream %d holds %d blocks after the second turn, want the conversation's", seq, len(kept.blocks))
+	// 21 + 12 + 6 + 1 computed: 10 blocks.
+	for i := range kv.streams {
+		if n := len(kv.streams[i].blocks); i == seq && n != 10 || i != seq && n != 0 {
+			t.Fatalf("stream %d holds %d blocks after the second turn; want the conversation's 10 in stream %d only", i, n, seq)
+		}
 	}
 }
 
 // TestPrefixHitCopiesARunningStream: a request arriving while another with
 // the same prefix runs gets the prefix from the running stream, by a copy
-// when the prefix is at least copyMinTokens long, and computes it again
-// when shorter.
+// when the hit is at least 1/copyRatio of what that stream holds, and
+// computes it again otherwise.
 func TestPrefixHitCopiesARunningStream(t *testing.T) {
-	for _, copyMin := range []int{32, 33} {
-		t.Run(fmt.Sprint("copyMin=", copyMin), func(t *testing.T) { testPrefixHitCopiesARunningStream(t, copyMin) })
+	for _, ratio := range []int{1, 2} {
+		t.Run(fmt.Sprint("copyRatio=", ratio), func(t *testing.T) { testPrefixHitCopiesARunningStream(t, ratio) })
 	}
 }
 
-func testPrefixHitCopiesARunningStream(t *testing.T, copyMin int) {
+func testPrefixHitCopiesARunningStream(t *testing.T, ratio int) {
 	cfg := streamConfig(4, 4)
 	s := newTestScheduler(t, cfg)
-	s.kv.(*streamKV).copyMinTokens = copyMin
+	s.kv.(*streamKV).copyRatio = ratio
 	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
 	shared := prompt(5, 32)
 	prompts := map[string][]uint32{"a": slices.Concat(shared, []uint32{1}), "b": slices.Concat(shared, []uint32{2, 3})}
@@ -259,9 +288,10 @@ func testPrefixHitCopiesARunningStream(t *testing.T, copyMin int) {
 	for s.HasWork() {
 		step()
 	}
-	if copyMin > 32 {
+	// When b arrives, a's stream holds its 33 prompt tokens; the hit is 32.
+	if ratio == 1 {
 		if hits := s.Stats().PrefixHits; hits != 0 || m.copies != 0 || m.computed != 33+3+34+3 {
-			t.Fatalf("a hit shorter than copyMinTokens: %d hits, %d copies, %d computed; want none, none, 73", hits, m.copies, m.computed)
+			t.Fatalf("a hit of less than what its stream holds: %d hits, %d copies, %d computed; want none, none, 73", hits, m.copies, m.computed)
 		}
 		return
 	}
@@ -273,11 +303,11 @@ func testPrefixHitCopiesARunningStream(t *testing.T, copyMin int) {
 	}
 }
 
-// TestKeptStreamsAreEvictedForNewRequests fills every stream with finished
-// requests' cached prefixes, then admits more: the least recently used
-// kept stream is given up, and its blocks leave the cache.
+// TestKeptStreamsAreEvictedForNewRequests fills every kept stream with
+// finished requests' cached prefixes, then serves more: the least recently
+// used kept stream is given up, and its blocks leave the cache.
 func TestKeptStreamsAreEvictedForNewRequests(t *testing.T) {
-	cfg := streamConfig(3, 2)
+	cfg := streamConfig(5, 2)
 	s := newTestScheduler(t, cfg)
 	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
 	out := map[string][]uint32{}
@@ -286,8 +316,8 @@ func TestKeptStreamsAreEvictedForNewRequests(t *testing.T) {
 	}
 	kv := s.kv.(*streamKV)
 	for i := range kv.streams {
-		if len(kv.streams[i].blocks) == 0 {
-			t.Fatalf("stream %d keeps nothing; want all 3 kept", i)
+		if n := len(kv.streams[i].blocks); i < kv.running && n != 0 || i >= kv.running && n == 0 {
+			t.Fatalf("stream %d keeps %d blocks; want streams 2-4 kept, 0-1 free", i, n)
 		}
 	}
 	// The first prompts' blocks went with their streams.
@@ -317,9 +347,8 @@ func TestSharedBlocksStayFindable(t *testing.T) {
 
 // TestSharedSystemPromptLeavesKeptConversationsAlone: a new conversation
 // that shares only a system prompt (one block) with a kept one computes
-// that block again in a stream of its own rather than taking the kept
-// conversation's stream over, so that the conversation's next turn still
-// finds all of its history.
+// that block again rather than copying the whole kept conversation for
+// it, and the conversation's next turn still finds all of its history.
 func TestSharedSystemPromptLeavesKeptConversationsAlone(t *testing.T) {
 	cfg := streamConfig(4, 2)
 	s := newTestScheduler(t, cfg)
@@ -342,7 +371,32 @@ func TestSharedSystemPromptLeavesKeptConversationsAlone(t *testing.T) {
 	if got, want := m.computed-before, len(second)-hit+1; got != want {
 		t.Fatalf("the conversation's second turn computed %d tokens, want %d", got, want)
 	}
-	if m.copies != 0 {
-		t.Fatalf("%d stream copies, want none", m.copies)
+	// a1's and b's went to the kept region, a2's came from a1's and went
+	// back there.
+	if n := copiesMade(m, kv); n != 4 {
+		t.Fatalf("%d stream copies, want 4", n)
+	}
+	if n := len(kv.streams[held].blocks); n != (len(second)+1)/cfg.BlockSize {
+		t.Fatalf("the kept conversation's stream holds %d blocks after its second turn", n)
+	}
+}
+
+// TestIdleStreamsKeepPrefixesWithoutKeptRegion: with no more streams than
+// running requests there is no kept region; an idle stream keeps its last
+// request's KV, and a hit takes it over in place, with nothing copied.
+func TestIdleStreamsKeepPrefixesWithoutKeptRegion(t *testing.T) {
+	cfg := streamConfig(2, 2)
+	s := newTestScheduler(t, cfg)
+	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
+	out := map[string][]uint32{}
+	shared := prompt(11, 40)
+	serveWithStreams(t, s, m, "a", slices.Concat(shared, []uint32{7}), 3, out)
+	before := m.computed
+	serveWithStreams(t, s, m, "b", slices.Concat(shared, []uint32{5, 6}), 3, out)
+	if got, want := m.computed-before, 2+2; got != want {
+		t.Fatalf("the second request computed %d tokens, want %d (its 2 own prompt tokens and 2 decodes)", got, want)
+	}
+	if n := copiesMade(m, s.kv.(*streamKV)); n != 0 {
+		t.Fatalf("%d stream copies, want none", n)
 	}
 }

@@ -430,8 +430,8 @@ func TestSchedulerProperties(t *testing.T) {
 		}
 		s := newTestScheduler(t, cfg)
 		if cells != nil {
-			// Hits on running streams copied, or computed again.
-			s.kv.(*streamKV).copyMinTokens = rapid.SampledFrom([]int{1, 1 << 30}).Draw(t, "copyMinTokens")
+			// Hits copied, or computed again.
+			s.kv.(*streamKV).copyRatio = rapid.SampledFrom([]int{0, 1 << 20}).Draw(t, "copyRatio")
 		}
 
 		type expect struct {

@@ -467,16 +467,19 @@ func TestGreedyInTheGraphMatchesTheHost(t *testing.T) {
 }
 
 // TestGapsBetweenDecodingStreamsAreFilledWithoutHarm decodes sequences in
-// streams 0, 2 and 5 while stream 1 keeps a prompt and streams 3 and 4 are
-// empty: the worker puts a token in each stream between, so that llama.cpp
-// computes the step in one pass, and takes it out after. The decodes end
-// as llama.cpp's own greedy decode, and stream 1 then goes on from its
-// prompt as if nothing had been put in it.
+// streams 0, 2, 5, 16 and 27 while streams 1 and 12 keep a prompt and the
+// others are empty. The worker puts a token in each stream of a gap, so
+// that llama.cpp computes the step in fewer passes, and takes it out
+// after: in gaps of up to 8 streams (1; 3 and 4) and in wider gaps of
+// empty streams (17 to 26), not in a wide gap with a prompt in it (6 to
+// 15). The decodes end as llama.cpp's own greedy decode, and streams 1
+// and 12 then go on from their prompts as if nothing had been put in them.
 func TestGapsBetweenDecodingStreamsAreFilledWithoutHarm(t *testing.T) {
-	cfg := engine.SchedulerConfig{MaxNumSeqs: 8, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512}
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 32, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512}
 	e := newExecutor(t, cfg)
 	const steps = 12
-	seqs := []int32{1, 0, 2, 5}
+	seqs := []int32{1, 12, 0, 2, 5, 16, 27}
+	held, decoding := []int{0, 1}, []int{2, 3, 4, 5, 6}
 	prompts := make([][]uint32, len(seqs))
 	for i := range seqs {
 		prompts[i] = make([]uint32, 10+3*i)
@@ -503,18 +506,26 @@ func TestGapsBetweenDecodingStreamsAreFilledWithoutHarm(t *testing.T) {
 		return engine.ScheduledRequest{ID: fmt.Sprint(i), Seq: seqs[i], NumComputed: len(prompts[i]) + len(out[i]) - 1, NumNewTokens: 1,
 			SampleIndex: len(out[i]), Decode: true, Sampling: greedy}
 	}
-	exec([]engine.ScheduledRequest{prefill(0)}, []int{0})
-	exec([]engine.ScheduledRequest{prefill(1), prefill(2), prefill(3)}, []int{1, 2, 3})
-	for range steps - 1 {
-		exec([]engine.ScheduledRequest{decode(1), decode(2), decode(3)}, []int{1, 2, 3})
+	batch := func(which []int, req func(int) engine.ScheduledRequest) []engine.ScheduledRequest {
+		var reqs []engine.ScheduledRequest
+		for _, i := range which {
+			reqs = append(reqs, req(i))
+		}
+		return reqs
 	}
-	// Stream 1 held its prompt (and a sampled token not yet computed)
-	// through the fills; now it decodes alone.
+	exec(batch(held, prefill), held)
+	exec(batch(decoding, prefill), decoding)
 	for range steps - 1 {
-		exec([]engine.ScheduledRequest{decode(0)}, []int{0})
+		exec(batch(decoding, decode), decoding)
 	}
-	// Each of the decode steps filled streams 1, 3 and 4.
-	if got, want := e.GapTokens(), uint64(3*(steps-1)); got != want {
+	// Streams 1 and 12 held their prompts (and a sampled token not yet
+	// computed) through the fills; now they decode.
+	for range steps - 1 {
+		exec(batch(held, decode), held)
+	}
+	// Each of the first decode steps filled streams 1, 3, 4 and 17 to 26;
+	// the last ones, 2 to 11, are wider than maxFillGap but hold a prompt.
+	if got, want := e.GapTokens(), uint64(13*(steps-1)); got != want {
 		t.Fatalf("%d tokens filled gaps, want %d", got, want)
 	}
 	ref := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", steps, prompts)

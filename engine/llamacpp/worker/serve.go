@@ -138,10 +138,17 @@ type filler struct{ seq, pos int32 }
 // token counts in one pass over the weights, and makes a pass of its own
 // for each run: in a decode step whose sequences have ids 3, 5 and 9 it
 // makes three. The worker closes such gaps with a token in each stream
-// between (a kept or free one), computed beside the others without
-// logits and removed after the step: a token is far cheaper than a pass
-// (the prefix cache's kept streams are what scatters the running ids).
-const maxFillGap = 8
+// between, computed beside the others without logits and removed after
+// the step: a token is far cheaper than a pass. But a pass attends over
+// as many cells in each of its streams as its longest stream holds, so a
+// gap stream that holds a long history makes every stream of the pass
+// attend over it: such gaps are filled up to maxFillGap wide, and gaps of
+// empty streams (the scheduler keeps running sequences among the lowest
+// ids, so that is what its gaps are) up to maxEmptyFillGap.
+const (
+	maxFillGap      = 8
+	maxEmptyFillGap = 64
+)
 
 // reattachAfter is how many steps of greedy rows only the worker waits
 // before it samples them in the graph again: each switch makes llama.cpp
@@ -431,18 +438,19 @@ func (s *server) placeSampling() error {
 }
 
 // fill puts a token in each stream between the step's sequences a and b
-// (a < b), when the gap is at most maxFillGap and each of its streams has
-// room, so that llama.cpp computes them in one pass; rest is how many of
-// the step's sequences are still to come. It returns the batch's length.
+// (a < b), when the gap is narrow enough (maxFillGap, maxEmptyFillGap)
+// and each of its streams has room, so that llama.cpp computes them in
+// one pass; rest is how many of the step's sequences are still to come.
+// It returns the batch's length.
 func (s *server) fill(a, b int32, n, rest int) int {
 	gap := int(b - a - 1)
-	if gap == 0 || gap > maxFillGap || n+gap+rest > s.ctx.nBatch {
+	if gap == 0 || gap > maxEmptyFillGap || n+gap+rest > s.ctx.nBatch {
 		return n
 	}
 	first := len(s.fillers)
 	for seq := a + 1; seq < b; seq++ {
 		pos := s.ctx.posMax(seq) + 1
-		if pos >= s.streamCells {
+		if pos >= s.streamCells || pos > 0 && gap > maxFillGap {
 			s.fillers = s.fillers[:first]
 			return n
 		}

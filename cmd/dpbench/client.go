@@ -52,8 +52,11 @@ type Outcome struct {
 	// Gaps are the times between chunks after the first.
 	Gaps         []time.Duration `json:"-"`
 	PromptTokens int             `json:"prompt_tokens"`
-	OutputTokens int             `json:"output_tokens"`
-	Err          string          `json:"error,omitempty"`
+	// CachedTokens is the prompt's part the server found in its prefix
+	// cache (usage.prompt_tokens_details.cached_tokens, where it says).
+	CachedTokens int    `json:"cached_tokens"`
+	OutputTokens int    `json:"output_tokens"`
+	Err          string `json:"error,omitempty"`
 }
 
 // DiscoverModel asks the server which model it serves.
@@ -109,12 +112,23 @@ type chunk struct {
 		Text string `json:"text"`
 	} `json:"choices"`
 	Usage *struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
 	Error *struct {
 		Message string `json:"message"`
 	} `json:"error"`
+}
+
+// cached is the usage's cached prompt tokens, 0 where it does not say.
+func (c *chunk) cached() int {
+	if c.Usage == nil || c.Usage.PromptTokensDetails == nil {
+		return 0
+	}
+	return c.Usage.PromptTokensDetails.CachedTokens
 }
 
 // Send streams one completion and times it; start is the run's start.
@@ -165,6 +179,7 @@ func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 		}
 		o.E2E = time.Since(sent)
 		o.TTFT, o.OutputTokens = o.E2E, c.Usage.CompletionTokens
+		o.CachedTokens = c.cached()
 		return o
 	}
 	var last time.Time
@@ -199,6 +214,7 @@ func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 			if c.Usage.PromptTokens > 0 {
 				o.PromptTokens = c.Usage.PromptTokens
 			}
+			o.CachedTokens = c.cached()
 		}
 		if len(c.Choices) == 0 || c.Choices[0].Text == "" {
 			continue

@@ -140,7 +140,7 @@ inter-token gaps of a long run) read from log buckets, within 0.4%.`,
 	f.BoolVar(&o.noStream, "no-stream", false, "ask for whole responses: end-to-end latency only, at the least client cost (TTFT then reads as E2E)")
 	f.BoolVar(&o.noKeepAlive, "no-keepalive", false, "a connection per request (for servers that close idle connections under the client, which POSTs cannot be retried on)")
 	f.Float64Var(&o.temperature, "temperature", 0, "send this temperature with every request (default: the server's; 0 is greedy)")
-	f.BoolVar(&o.detail, "detail", false, "also write every request's timings to --out (start, TTFT, end-to-end, lengths, error)")
+	f.BoolVar(&o.detail, "detail", false, "also write every request's timings to --out (start, TTFT, end-to-end, prompt, cached and output tokens, error)")
 	f.BoolVar(&o.simulate, "simulate", false, "run the virtual-time simulator instead of an endpoint")
 	f.IntVar(&o.ranks, "ranks", 4, "simulated data-parallel ranks")
 	f.StringVar(&o.profile, "sim-profile", "llama-3.1-8b-h100", "simulated model and GPU: "+strings.Join(sim.ProfileNames(dpnode.SimProfiles), ", ")+", or a profile .json")

@@ -60,7 +60,7 @@ func TestAgainstARealNode(t *testing.T) {
 	})
 	svg := filepath.Join(t.TempDir(), "latency.svg")
 	rep, table := runArgs(t, "--url", "http://"+node.Addr(), "--rate", "40", "--concurrency", "8", "--requests", "60",
-		"--input-len", "uniform:20,200", "--output-len", "uniform:5,30", "--prefix-groups", "2", "--prefix-len", "64", "--plot", svg)
+		"--input-len", "uniform:20,200", "--output-len", "uniform:5,30", "--prefix-groups", "2", "--prefix-len", "64", "--plot", svg, "--detail")
 	if len(rep.Runs) != 2 {
 		t.Fatalf("%d runs, want an open and a closed loop", len(rep.Runs))
 	}
@@ -73,6 +73,18 @@ func TestAgainstARealNode(t *testing.T) {
 		}
 		if s.Ranks == nil || len(s.Ranks.Served) != 2 || s.Ranks.Served[0]+s.Ranks.Served[1] != 60 {
 			t.Fatalf("%s: spread %+v, want the 60 requests over two engines", s.Label, s.Ranks)
+		}
+		cached := 0
+		for _, r := range s.Requests {
+			if r.CachedTokens < 0 || r.CachedTokens >= r.PromptTokens {
+				t.Fatalf("%s: %+v: cached tokens out of the prompt", s.Label, r)
+			}
+			cached += r.CachedTokens
+		}
+		// 60 requests over two shared prefixes of 64 tokens (4 blocks)
+		// find them in the cache: the records carry the server's count.
+		if len(s.Requests) != 60 || cached == 0 {
+			t.Fatalf("%s: %d records, %d cached tokens", s.Label, len(s.Requests), cached)
 		}
 	}
 	if rep.Runs[0].OfferedRate != 40 || rep.Runs[1].Concurrency != 8 {

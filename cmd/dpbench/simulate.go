@@ -105,7 +105,7 @@ type simRecorder struct {
 func (r *simRecorder) Gap(d time.Duration) { r.tally.gap(d) }
 
 func (r *simRecorder) Ended(i int, o vsim.Outcome) {
-	out := Outcome{Start: o.Arrival, TTFT: o.First - o.Arrival, E2E: o.End - o.Arrival, PromptTokens: o.PromptTokens, OutputTokens: o.Tokens}
+	out := Outcome{Start: o.Arrival, TTFT: o.First - o.Arrival, E2E: o.End - o.Arrival, PromptTokens: o.PromptTokens, CachedTokens: o.CachedTokens, OutputTokens: o.Tokens}
 	if o.Err != nil {
 		out.Err = o.Err.Error()
 	}

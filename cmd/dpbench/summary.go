@@ -124,6 +124,7 @@ type Record struct {
 	TTFTMs       float64 `json:"ttft_ms"`
 	E2EMs        float64 `json:"e2e_ms"`
 	PromptTokens int     `json:"prompt_tokens"`
+	CachedTokens int     `json:"cached_tokens"`
 	OutputTokens int     `json:"output_tokens"`
 	Err          string  `json:"error,omitempty"`
 }
@@ -132,7 +133,7 @@ type Record struct {
 func records(outs []Outcome) []Record {
 	rs := make([]Record, len(outs))
 	for i, o := range outs {
-		rs[i] = Record{StartMs: ms(o.Start), TTFTMs: ms(o.TTFT), E2EMs: ms(o.E2E), PromptTokens: o.PromptTokens, OutputTokens: o.OutputTokens, Err: o.Err}
+		rs[i] = Record{StartMs: ms(o.Start), TTFTMs: ms(o.TTFT), E2EMs: ms(o.E2E), PromptTokens: o.PromptTokens, CachedTokens: o.CachedTokens, OutputTokens: o.OutputTokens, Err: o.Err}
 	}
 	return rs
 }

@@ -40,7 +40,7 @@ type Window struct {
 
 // outcome is a recorded request as the run's tally takes it.
 func (r Record) outcome() Outcome {
-	return Outcome{TTFT: msDuration(r.TTFTMs), E2E: msDuration(r.E2EMs), PromptTokens: r.PromptTokens, OutputTokens: r.OutputTokens, Err: r.Err}
+	return Outcome{TTFT: msDuration(r.TTFTMs), E2E: msDuration(r.E2EMs), PromptTokens: r.PromptTokens, CachedTokens: r.CachedTokens, OutputTokens: r.OutputTokens, Err: r.Err}
 }
 
 func msDuration(ms float64) time.Duration { return time.Duration(ms * float64(time.Millisecond)) }

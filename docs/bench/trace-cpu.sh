@@ -133,6 +133,44 @@ if "nginx" in targets and "dpnode-live" in targets:
             line += f"; prefix cache off / on: TTFT p90 {ratio('dpnode-nopc', 'dpnode-live', 'ttft_ms', 'p90'):.2f}x"
         print(line)
 PY
+# DETAIL=1 with dpnode-live and dpnode-nopc: what the prefix cache did,
+# request by request (first round): TTFT with and without it, by how much
+# of the prompt it found, and for the slowest tenth without it, how much an
+# earlier request of the trace had computed (the most any cache can find).
+if [ -n "${DETAIL:-}" ] && [[ " $TARGETS " == *" dpnode-live "* && " $TARGETS " == *" dpnode-nopc "* ]]; then
+  python3 - "$OUT" "$RATES" "$TRACE" "$REQUESTS" <<'PY' | tee "$OUT/trace-cpu-prefix.md"
+import json, sys, statistics
+out, rates, trace, n = sys.argv[1], sys.argv[2].split(","), sys.argv[3], int(sys.argv[4])
+# shared[i]: hash blocks of request i's prompt that an earlier request had.
+seen, shared = set(), []
+with open(trace) as f:
+    for line, _ in zip(f, range(n)):
+        h = json.loads(line)["hash_ids"]
+        k = 0
+        while k < len(h) and tuple(h[:k + 1]) in seen:
+            k += 1
+        shared.append(k)
+        seen.update(tuple(h[:j]) for j in range(1, len(h) + 1))
+print("| rate/s | requests | how many | cached tokens (median) | TTFT median, cache on / off ms | TTFT mean, on / off ms |")
+print("|---|---|---|---|---|---|")
+for rate in rates:
+    on, off = ([r for r in json.load(open(f"{out}/trace-cpu-{t}-{rate}-r1.json"))["runs"][0]["requests"]]
+               for t in ("dpnode-live", "dpnode-nopc"))
+    groups = [("found 256 tokens or more", lambda r: r["cached_tokens"] >= 256),
+              ("found 17 to 255", lambda r: 16 < r["cached_tokens"] < 256),
+              ("found 16 or less", lambda r: r["cached_tokens"] <= 16)]
+    for name, keep in groups:
+        idx = [i for i, r in enumerate(on) if keep(r)]
+        if not idx:
+            continue
+        m = lambda rs, f: f([rs[i]["ttft_ms"] for i in idx])
+        print(f"| {rate} | {name} | {len(idx)} | {statistics.median(on[i]['cached_tokens'] for i in idx):.0f} | "
+              f"{m(on, statistics.median):.0f} / {m(off, statistics.median):.0f} | {m(on, statistics.mean):.0f} / {m(off, statistics.mean):.0f} |")
+    slow = sorted(range(len(off)), key=lambda i: -off[i]["ttft_ms"])[:len(off) // 10]
+    print(f"\nrate {rate}/s: of the {len(slow)} slowest first tokens without the cache, {sum(shared[i] > 1 for i in slow)} "
+          f"share more than the first block with an earlier request (median prompt {statistics.median(off[i]['prompt_tokens'] for i in slow):.0f} tokens)\n")
+PY
+fi
 files=()
 for target in $TARGETS; do
   for rate in ${RATES//,/ }; do files+=("$OUT/trace-cpu-$target-$rate-r1.json"); done

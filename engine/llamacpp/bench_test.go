@@ -184,3 +184,30 @@ func BenchmarkStreamCopy(b *testing.B) {
 	b.ReportMetric(float64(model.Microseconds())/1000/float64(b.N), "decode-ms/op")
 	b.ReportMetric(float64(ops.Microseconds())/1000/float64(b.N), "ops-ms/op")
 }
+
+// BenchmarkCopiesInAStep times a one-token decode step that also copies
+// 0, 1 or 4 streams of 1,000 tokens to empty ones: what copying finished
+// requests to kept streams adds to the step after they finish.
+func BenchmarkCopiesInAStep(b *testing.B) {
+	for _, copies := range []int{0, 1, 4} {
+		b.Run(fmt.Sprintf("copies=%d", copies), func(b *testing.B) {
+			e := benchExecutor(b, 32, 1)
+			rng := rand.New(rand.NewPCG(5, 6))
+			fill(b, e, rng, []int32{0, 1, 2, 3}, 1000)
+			var model time.Duration
+			b.ResetTimer()
+			for range b.N {
+				var ops []engine.SeqOp
+				for c := range copies {
+					ops = append(ops, engine.SeqOp{Kind: engine.SeqCopy, Src: int32(c), Dst: int32(8 + c), P0: -1, P1: -1})
+				}
+				res := execute(b, e, &engine.Batch{SeqOps: ops, Requests: []engine.ScheduledRequest{{ID: "d", Seq: 0,
+					NumComputed: 1000, NumNewTokens: 1, Tokens: randomTokens(rng, 1), SampleIndex: 0, Sampling: &engine.SamplingParams{}}}})
+				model += res.Phases.Model
+				// Take the token out again: every step decodes at position 1,000.
+				execute(b, e, &engine.Batch{SeqOps: []engine.SeqOp{{Kind: engine.SeqRemove, Dst: 0, P0: 1000, P1: -1}}})
+			}
+			b.ReportMetric(float64(model.Microseconds())/1000/float64(b.N), "decode-ms/step")
+		})
+	}
+}

@@ -31,7 +31,7 @@
 # DIR/dpnode and DIR/dpnode-llama-worker.
 source "$(dirname "$0")/common.sh"
 ROUNDS=${ROUNDS:-3}
-RATES=${RATES:-3,6}
+RATES=${RATES:-3,5}
 REQUESTS=${REQUESTS:-200}
 TARGETS=${TARGETS:-nginx dpnode-live dpnode-rr dpnode-nopc${BEFORE:+ dpnode-before}}
 TRACE=${TRACE:-../shared/data/mooncake-fast25/conversation_trace.jsonl}

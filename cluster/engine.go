@@ -24,6 +24,8 @@ type nodeEngine struct {
 	// startTimeout bounds the engines' start, model loads included; 0
 	// keeps the node's default.
 	startTimeout time.Duration
+	// simulated is true for the simulated executor.
+	simulated bool
 	// describe is what the start-up log line says of the engine.
 	describe []any
 	close    func()
@@ -41,6 +43,7 @@ func (p *plan) newEngine(o Options, inv gpu.Inventory, topo dp.Topology) (*nodeE
 	if p.model == nil {
 		tok := sim.NewTokenizer(0)
 		return &nodeEngine{
+			simulated: true,
 			tokenizer: tok,
 			template:  httpapi.Llama3Template{},
 			newExecutor: func(context.Context, int, gpu.Device) (engine.Executor, error) {

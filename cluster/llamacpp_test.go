@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -212,6 +213,56 @@ func TestLlamaCppServesOpenAIClients(t *testing.T) {
 	// The Llama 3.1 template writes a system header with dates.
 	if chat.Usage.PromptTokens < 30 {
 		t.Fatalf("the chat prompt has %d tokens; the model's template was not rendered", chat.Usage.PromptTokens)
+	}
+
+	// vLLM's /tokenize counts as the model's tokenizer does: the same
+	// ids, BOS first unless asked not to, and a chat as the chat's usage.
+	tokenize := func(body string) []uint32 {
+		t.Helper()
+		resp, err := n.http.Post(n.base+"/tokenize", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var tk struct {
+			Count  int      `json:"count"`
+			Tokens []uint32 `json:"tokens"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&tk); err != nil || resp.StatusCode != 200 || tk.Count != len(tk.Tokens) {
+			t.Fatalf("/tokenize %s: %d %+v %v", body, resp.StatusCode, tk, err)
+		}
+		return tk.Tokens
+	}
+	if got := tokenize(`{"prompt":"Hello world, this is a test"}`); !slices.Equal(got, []uint32{128000, 9906, 1917, 11, 420, 374, 264, 1296}) {
+		t.Fatalf("/tokenize: %v", got)
+	}
+	if got := tokenize(`{"prompt":"Hello world, this is a test","add_special_tokens":false}`); !slices.Equal(got, []uint32{9906, 1917, 11, 420, 374, 264, 1296}) {
+		t.Fatalf("/tokenize without special tokens: %v", got)
+	}
+	if got := tokenize(`{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello"}]}`); len(got) != int(chat.Usage.PromptTokens) {
+		t.Fatalf("/tokenize counts %d tokens of the chat, its usage %d", len(got), chat.Usage.PromptTokens)
+	}
+	resp, err := n.http.Post(n.base+"/detokenize", "application/json", strings.NewReader(`{"tokens":[128000,9906,1917,11,420,374,264,1296]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var detok struct {
+		Prompt string `json:"prompt"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&detok); err != nil || detok.Prompt != "Hello world, this is a test" {
+		t.Fatalf("/detokenize: %q %v", detok.Prompt, err)
+	}
+	resp.Body.Close()
+		// A sampling field the engine does not apply is refused by name.
+	_, err = client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:            openai.ChatModel(models.Data[0].ID),
+		Messages:         []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")},
+		PresencePenalty:  openai.Float(0.5),
+		FrequencyPenalty: openai.Float(0),
+	})
+	var apiErr *openai.Error
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "presence_penalty" {
+		t.Fatalf("presence_penalty: %v", err)
 	}
 
 	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{

@@ -264,19 +264,20 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 
 	if topo.ServesAPI() {
 		api, err := httpapi.New(httpapi.Config{
-			Backend:      r.node,
-			Tokenizer:    eng.tokenizer,
-			ChatTemplate: eng.template,
-			MaxModelLen:  p.scheduler.MaxModelLen,
-			APIKeys:      p.apiKeys,
-			AdminKeys:    p.adminKeys,
-			MaxRequests:  p.maxRequests(topo),
-			Gatherer:     reg,
-			Registerer:   reg,
-			OnDrain:      r.RequestDrain,
-			OnLeave:      r.RequestLeave,
-			Version:      o.Version,
-			Logger:       o.Logger,
+			Backend:         r.node,
+			Tokenizer:       eng.tokenizer,
+			ChatTemplate:    eng.template,
+			SimulatedEngine: eng.simulated,
+			MaxModelLen:     p.scheduler.MaxModelLen,
+			APIKeys:         p.apiKeys,
+			AdminKeys:       p.adminKeys,
+			MaxRequests:     p.maxRequests(topo),
+			Gatherer:        reg,
+			Registerer:      reg,
+			OnDrain:         r.RequestDrain,
+			OnLeave:         r.RequestLeave,
+			Version:         o.Version,
+			Logger:          o.Logger,
 		})
 		if err != nil {
 			r.membership.Leave(time.Second)

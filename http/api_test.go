@@ -582,3 +582,101 @@ func TestUsageReportsPrefixCacheHits(t *testing.T) {
 		t.Fatalf("cached tokens %v; want none the first time and the shared prompt's blocks the second", cached)
 	}
 }
+
+// TestTokenizeDetokenizeAndModel: vLLM's /tokenize counts a prompt's
+// tokens as a completion's usage does, and a chat's as a chat's does;
+// /detokenize gives the text back; GET /v1/models/{id} is the model's card
+// (through the SDK, whose path escapes the slash in the name) or a 404;
+// /ping answers as /health.
+func TestTokenizeDetokenizeAndModel(t *testing.T) {
+	ts := startServer(t, 0)
+	ctx := context.Background()
+	type tokenized struct {
+		Count       int      `json:"count"`
+		MaxModelLen int      `json:"max_model_len"`
+		Tokens      []uint32 `json:"tokens"`
+	}
+	tokenize := func(body string) tokenized {
+		t.Helper()
+		status, resp := ts.post(t, "/tokenize", body, nil)
+		var tk tokenized
+		if status != 200 || json.Unmarshal(resp, &tk) != nil || tk.Count != len(tk.Tokens) || tk.MaxModelLen == 0 {
+			t.Fatalf("/tokenize %s: %d %s", body, status, resp)
+		}
+		return tk
+	}
+	prompt := tokenize(`{"prompt":"The cluster has four ranks"}`)
+	c, err := ts.client.Completions.New(ctx, openai.CompletionNewParams{Model: model,
+		Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("The cluster has four ranks")}, MaxTokens: openai.Int(1)})
+	if err != nil || int(c.Usage.PromptTokens) != prompt.Count {
+		t.Fatalf("completion usage %+v, %v; /tokenize counted %d", c.Usage, err, prompt.Count)
+	}
+	chat := tokenize(`{"messages":[{"role":"user","content":"Hello"}]}`)
+	cc, err := ts.client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: model,
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")}, MaxTokens: openai.Int(1)})
+	if err != nil || int(cc.Usage.PromptTokens) != chat.Count {
+		t.Fatalf("chat usage %+v, %v; /tokenize counted %d", cc.Usage, err, chat.Count)
+	}
+	body, _ := json.Marshal(map[string]any{"tokens": prompt.Tokens})
+	status, resp := ts.post(t, "/detokenize", string(body), nil)
+	var text struct {
+		Prompt string `json:"prompt"`
+	}
+	// The simulated vocabulary hashes the words it does not hold, which
+	// decode to nothing; a real one gives the text back (cluster's tests).
+	if want := sim.NewTokenizer(0).Decode(prompt.Tokens); status != 200 || json.Unmarshal(resp, &text) != nil || text.Prompt != want || want == "" {
+		t.Fatalf("/detokenize: %d %s", status, resp)
+	}
+	for _, tc := range []struct{ path, body, param string }{
+		{"/tokenize", `{}`, "prompt"},
+		{"/tokenize", `{"prompt":"x","messages":[{"role":"user","content":"x"}]}`, "messages"},
+		{"/tokenize", `{"prompt":"x","return_token_strs":true}`, "return_token_strs"},
+		{"/detokenize", `{"tokens":[4000000000]}`, "tokens"},
+		{"/detokenize", `{}`, "tokens"},
+	} {
+		if status, resp := ts.post(t, tc.path, tc.body, nil); status != 400 || !bytes.Contains(resp, []byte(`"param":"`+tc.param+`"`)) {
+			t.Errorf("%s %s: %d %s; want 400 naming %s", tc.path, tc.body, status, resp, tc.param)
+		}
+	}
+	m, err := ts.client.Models.Get(ctx, model)
+	if err != nil || m.ID != model {
+		t.Fatalf("GET /v1/models/%s: %+v, %v", model, m, err)
+	}
+	var apiErr *openai.Error
+	if _, err := ts.client.Models.Get(ctx, "gpt-4o"); !errors.As(err, &apiErr) || apiErr.StatusCode != 404 {
+		t.Fatalf("another model: %v", err)
+	}
+	for _, method := range []string{http.MethodGet, http.MethodPost} {
+		req, _ := http.NewRequest(method, ts.base+"/ping", nil)
+		resp, err := ts.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s /ping: %d", method, resp.StatusCode)
+		}
+	}
+}
+
+// TestCompletionDefaultsTo16Tokens: a completion without max_tokens
+// generates 16 tokens, as OpenAI's and vLLM's do; a chat is not bounded so.
+func TestCompletionDefaultsTo16Tokens(t *testing.T) {
+	ts := startServer(t, 0)
+	status, body := ts.post(t, "/v1/completions", `{"prompt":"a long story","ignore_eos":true}`, nil)
+	var c struct {
+		Choices []struct {
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if status != 200 || json.Unmarshal(body, &c) != nil || c.Usage.CompletionTokens != 16 || c.Choices[0].FinishReason != "length" {
+		t.Fatalf("%d %s; want 16 tokens, finish_reason length", status, body)
+	}
+	status, body = ts.post(t, "/v1/chat/completions", `{"messages":[{"role":"user","content":"a long story"}],"ignore_eos":true}`, nil)
+	if status != 200 || json.Unmarshal(body, &c) != nil || c.Usage.CompletionTokens <= 16 {
+		t.Fatalf("chat: %d %s; want more than 16 tokens", status, body)
+	}
+}

@@ -7,19 +7,13 @@ import (
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if e := s.decode(w, r, &req); e != nil {
+	if e := s.decode(w, r, &req, completionFields); e != nil {
 		writeError(w, e)
 		return
 	}
 	switch {
 	case !req.Prompt.set:
 		writeError(w, badRequest("prompt is required", "prompt"))
-		return
-	case req.Logprobs != nil && *req.Logprobs > 0:
-		writeError(w, badRequest("logprobs are not supported by this server", "logprobs"))
-		return
-	case req.Suffix != nil && *req.Suffix != "":
-		writeError(w, badRequest("suffix is not supported by this server", "suffix"))
 		return
 	case len(req.Prompt.texts)+len(req.Prompt.tokens) > maxChoices:
 		writeError(w, limitError("prompt", len(req.Prompt.texts)+len(req.Prompt.tokens), maxChoices, "prompts"))
@@ -68,60 +62,17 @@ var chatRoles = map[string]bool{"system": true, "developer": true, "user": true,
 
 func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	if e := s.decode(w, r, &req); e != nil {
+	if e := s.decode(w, r, &req, chatFields); e != nil {
 		writeError(w, e)
-		return
-	}
-	switch {
-	case len(req.Messages) == 0:
-		writeError(w, badRequest("messages must be a non-empty list", "messages"))
-		return
-	case req.Logprobs:
-		writeError(w, badRequest("logprobs are not supported by this server", "logprobs"))
-		return
-	case len(req.Messages) > maxMessages:
-		writeError(w, limitError("messages", len(req.Messages), maxMessages, "messages"))
 		return
 	}
 	if e := checkLists(&req.commonParams); e != nil {
 		writeError(w, e)
 		return
 	}
-	content := 0
-	for _, m := range req.Messages {
-		content += len(m.Content.text)
-	}
-	if e := s.checkTextLength(content, "messages"); e != nil {
+	text, tokens, e := s.renderChat(req.Messages, false)
+	if e != nil {
 		writeError(w, e)
-		return
-	}
-	for i, m := range req.Messages {
-		if !chatRoles[m.Role] {
-			writeError(w, badRequest(fmt.Sprintf("messages[%d].role must be one of system, developer, user, assistant or tool; got %q", i, m.Role), "messages"))
-			return
-		}
-	}
-	if s.cfg.ChatTemplate == nil {
-		writeError(w, badRequest("this model has no chat template, so it cannot chat: use /v1/completions, or start dpnode with --chat-template FILE", "messages"))
-		return
-	}
-	msgs := make([]ChatMessage, len(req.Messages))
-	for i, m := range req.Messages {
-		msgs[i] = ChatMessage{Role: m.Role, Content: m.Content.text, Name: m.Name}
-	}
-	text, err := s.cfg.ChatTemplate.Render(msgs)
-	if err != nil {
-		writeError(w, badRequest(err.Error(), "messages"))
-		return
-	}
-	if e := s.checkTextLength(len(text), "messages"); e != nil {
-		writeError(w, e)
-		return
-	}
-	// The template writes the model's special tokens itself.
-	tokens, err := s.cfg.Tokenizer.Encode(text, false)
-	if err != nil {
-		writeError(w, tokenizerError(err))
 		return
 	}
 	g, e := s.spec(r, true, &req.commonParams, []promptInput{{text: text, tokens: tokens}})
@@ -130,6 +81,50 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.generate(w, r, g)
+}
+
+// renderChat checks messages, renders them with the model's chat template
+// and tokenizes the text; addSpecial adds the model's start token again,
+// which the template already writes.
+func (s *Server) renderChat(messages []chatMessage, addSpecial bool) (string, []uint32, *apiError) {
+	switch {
+	case len(messages) == 0:
+		return "", nil, badRequest("messages must be a non-empty list", "messages")
+	case len(messages) > maxMessages:
+		return "", nil, limitError("messages", len(messages), maxMessages, "messages")
+	}
+	content := 0
+	for _, m := range messages {
+		content += len(m.Content.text)
+	}
+	if e := s.checkTextLength(content, "messages"); e != nil {
+		return "", nil, e
+	}
+	for i, m := range messages {
+		if !chatRoles[m.Role] {
+			return "", nil, badRequest(fmt.Sprintf("messages[%d].role must be one of system, developer, user, assistant or tool; got %q", i, m.Role), "messages")
+		}
+	}
+	if s.cfg.ChatTemplate == nil {
+		return "", nil, badRequest("this model has no chat template, so it cannot chat: use /v1/completions, or start dpnode with --chat-template FILE", "messages")
+	}
+	msgs := make([]ChatMessage, len(messages))
+	for i, m := range messages {
+		msgs[i] = ChatMessage{Role: m.Role, Content: m.Content.text, Name: m.Name}
+	}
+	text, err := s.cfg.ChatTemplate.Render(msgs)
+	if err != nil {
+		return "", nil, badRequest(err.Error(), "messages")
+	}
+	if e := s.checkTextLength(len(text), "messages"); e != nil {
+		return "", nil, e
+	}
+	// The template writes the model's special tokens itself.
+	tokens, err := s.cfg.Tokenizer.Encode(text, addSpecial)
+	if err != nil {
+		return "", nil, tokenizerError(err)
+	}
+	return text, tokens, nil
 }
 
 // tokenizerError is the client's error when the tokenizer failed: its

@@ -42,6 +42,9 @@ type genSpec struct {
 
 func newID(prefix string) string { return prefix + "-" + strings.ToLower(rand.Text()) }
 
+// defaultCompletionTokens is max_tokens when a completion gives none.
+const defaultCompletionTokens = 16
+
 // spec validates the parameters both endpoints share.
 func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []promptInput) (*genSpec, *apiError) {
 	if e := s.checkModel(p.Model); e != nil {
@@ -108,8 +111,13 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 				s.cfg.MaxModelLen, len(pr.tokens)+asked, len(pr.tokens), asked), param)
 		}
 		sp := engine.SamplingParams{MaxTokens: room, MinTokens: p.MinTokens, Seed: p.Seed, IgnoreEOS: p.IgnoreEOS, StopTokenIDs: p.StopTokenIDs}
-		if maxTokens != nil {
+		switch {
+		case maxTokens != nil:
 			sp.MaxTokens = *maxTokens
+		case !chat:
+			// OpenAI's and vLLM's default for a completion; a chat runs to
+			// the end of the context.
+			sp.MaxTokens = min(defaultCompletionTokens, room)
 		}
 		if sp.MinTokens > sp.MaxTokens {
 			return nil, badRequest(fmt.Sprintf("min_tokens (%d) must not exceed %s (%d)", sp.MinTokens, param, sp.MaxTokens), "min_tokens")

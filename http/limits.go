@@ -65,9 +65,6 @@ func checkLists(p *commonParams) *apiError {
 			return badRequest(fmt.Sprintf("logit_bias values must be between -100 and 100, got %v", v), "logit_bias")
 		}
 	}
-	if len(p.LogitBias) > 0 {
-		return badRequest("logit_bias is not supported by this server", "logit_bias")
-	}
 	return nil
 }
 

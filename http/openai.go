@@ -162,10 +162,9 @@ type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
 
-// commonParams are the sampling fields both endpoints take. Fields that
-// do not change what is generated (user) or that clients send at their
-// neutral values by default (penalties) are accepted and ignored;
-// logit_bias is read to be refused when set.
+// commonParams are the fields both endpoints take and apply. What every
+// other field does is in fields.go's tables; logit_bias is read to check
+// its entries, and the table refuses it when set.
 type commonParams struct {
 	Model               string             `json:"model"`
 	MaxTokens           *int               `json:"max_tokens"`
@@ -200,17 +199,13 @@ type chatMessage struct {
 
 type chatRequest struct {
 	commonParams
-	Messages    []chatMessage `json:"messages"`
-	Logprobs    bool          `json:"logprobs"`
-	TopLogprobs *int          `json:"top_logprobs"`
+	Messages []chatMessage `json:"messages"`
 }
 
 type completionRequest struct {
 	commonParams
-	Prompt   promptField `json:"prompt"`
-	Echo     bool        `json:"echo"`
-	Logprobs *int        `json:"logprobs"`
-	Suffix   *string     `json:"suffix"`
+	Prompt promptField `json:"prompt"`
+	Echo   bool        `json:"echo"`
 }
 
 type usage struct {

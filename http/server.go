@@ -1,11 +1,11 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -74,8 +74,12 @@ type Config struct {
 	// MetricsOnly serves only /metrics, /health and /v1/cluster (and the
 	// debug routes of a chaos build): a headless node's metrics port.
 	MetricsOnly bool
-	Version     string
-	Logger      *slog.Logger
+	// SimulatedEngine says the ranks run the simulated executor, whose
+	// text is deterministic: sampling fields the llama.cpp engine refuses
+	// are accepted, and the refusals of the others name the engine.
+	SimulatedEngine bool
+	Version         string
+	Logger          *slog.Logger
 }
 
 // DefaultMaxBodyBytes is Config.MaxBodyBytes's default.
@@ -88,8 +92,9 @@ type Server struct {
 	router   chi.Router
 	draining atomic.Bool
 	// inFlight counts the requests admitted and not yet finished.
-	inFlight atomic.Int64
-	rejected *prometheus.CounterVec
+	inFlight      atomic.Int64
+	rejected      *prometheus.CounterVec
+	unknownFields unknownFields
 }
 
 // SetDraining makes the server refuse new requests (503) and report
@@ -135,6 +140,9 @@ func New(cfg Config) (*Server, error) {
 		writeError(w, &apiError{Status: http.StatusMethodNotAllowed, Message: fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path), Type: "invalid_request_error"})
 	})
 	r.Get("/health", s.health)
+	// vLLM's /ping, which some platforms probe: /health by another name.
+	r.Get("/ping", s.health)
+	r.Post("/ping", s.health)
 	r.Get("/version", s.version)
 	r.Handle("/metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{}))
 	s.debugRoutes(r)
@@ -160,6 +168,9 @@ func New(cfg Config) (*Server, error) {
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
 		r.Get("/v1/models", s.models)
+		r.Get("/v1/models/*", s.model)
+		r.Post("/tokenize", s.tokenize)
+		r.Post("/detokenize", s.detokenize)
 		r.Get("/v1/cluster", s.cluster)
 		r.With(s.refuseWhileDraining, s.shedLoad).Post("/v1/completions", s.completions)
 		r.With(s.refuseWhileDraining, s.shedLoad).Post("/v1/chat/completions", s.chatCompletions)
@@ -262,21 +273,27 @@ func (s *Server) stopServing(w http.ResponseWriter, start func(), verb, status s
 }
 
 // decode reads a JSON body of at most MaxBodyBytes into v.
-func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any) *apiError {
+// decode reads a request body into v, then holds its fields to table
+// (fields.go).
+func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, table *fieldTable) *apiError {
 	r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-	err := json.NewDecoder(r.Body).Decode(v)
+	// The whole body, while the server's read timeout holds: a client that
+	// declared more than it sends must not hold the connection. At the
+	// body's end net/http lifts the read deadline, so what follows (a
+	// generation, streamed) may take as long as it takes.
+	var buf bytes.Buffer
+	if r.ContentLength > 0 && r.ContentLength <= s.cfg.MaxBodyBytes {
+		buf.Grow(int(r.ContentLength) + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(r.Body)
 	if err == nil {
-		// The whole body, while the server's read timeout holds: a client
-		// that declared more than it sends must not hold the connection.
-		// At the body's end net/http lifts the read deadline, so what
-		// follows (a generation, streamed) may take as long as it takes.
-		_, err = io.Copy(io.Discard, r.Body)
+		err = json.Unmarshal(buf.Bytes(), v)
 	}
 	var tooBig *http.MaxBytesError
 	var typeErr *json.UnmarshalTypeError
 	switch {
 	case err == nil:
-		return nil
+		return s.checkFields(buf.Bytes(), table)
 	case errors.As(err, &tooBig):
 		return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 			Message: fmt.Sprintf("request body larger than the limit of %d bytes", tooBig.Limit)}
@@ -313,10 +330,12 @@ func (s *Server) pinnedRank(r *http.Request) (int, *apiError) {
 }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: []modelCard{s.modelCard()}})
+}
+
+func (s *Server) modelCard() modelCard {
 	m := s.cfg.Backend.Model()
-	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: []modelCard{{
-		ID: m, Object: "model", Created: s.created, OwnedBy: "dpnode", Root: m, MaxModelLen: s.cfg.MaxModelLen,
-	}}})
+	return modelCard{ID: m, Object: "model", Created: s.created, OwnedBy: "dpnode", Root: m, MaxModelLen: s.cfg.MaxModelLen}
 }
 
 func (s *Server) version(w http.ResponseWriter, _ *http.Request) {

@@ -544,6 +544,12 @@ func samplingFromWire(s *dpnodev1.SamplingParams) engine.SamplingParams {
 		Seed:         s.Seed,
 		IgnoreEOS:    s.IgnoreEos,
 		StopTokenIDs: s.StopTokenIds,
+
+		PresencePenalty:   s.PresencePenalty,
+		FrequencyPenalty:  s.FrequencyPenalty,
+		RepetitionPenalty: s.RepetitionPenalty,
+		MinP:              s.MinP,
+		LogitBias:         s.LogitBias,
 	}
 }
 
@@ -557,6 +563,12 @@ func samplingToWire(s engine.SamplingParams) *dpnodev1.SamplingParams {
 		Seed:         s.Seed,
 		IgnoreEos:    s.IgnoreEOS,
 		StopTokenIds: s.StopTokenIDs,
+
+		PresencePenalty:   s.PresencePenalty,
+		FrequencyPenalty:  s.FrequencyPenalty,
+		RepetitionPenalty: s.RepetitionPenalty,
+		MinP:              s.MinP,
+		LogitBias:         s.LogitBias,
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -98,7 +99,16 @@ type completion struct {
 // tokens, and returns its token ids and cached prompt tokens.
 func (n *llamaNode) greedy(t *testing.T, prompt []uint32, maxTokens int) ([]uint32, int) {
 	t.Helper()
-	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true, "return_token_ids": true})
+	return n.sample(t, prompt, maxTokens, nil)
+}
+
+// sample is greedy with more of the request's fields, which may change the
+// temperature.
+func (n *llamaNode) sample(t *testing.T, prompt []uint32, maxTokens int, fields map[string]any) ([]uint32, int) {
+	t.Helper()
+	req := map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true, "return_token_ids": true}
+	maps.Copy(req, fields)
+	body, _ := json.Marshal(req)
 	resp, err := n.http.Post(n.base+"/v1/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Error(err)
@@ -253,16 +263,17 @@ func TestLlamaCppServesOpenAIClients(t *testing.T) {
 		t.Fatalf("/detokenize: %q %v", detok.Prompt, err)
 	}
 	resp.Body.Close()
-		// A sampling field the engine does not apply is refused by name.
+	// A field the engine does not apply is refused by name.
 	_, err = client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-		Model:            openai.ChatModel(models.Data[0].ID),
-		Messages:         []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")},
-		PresencePenalty:  openai.Float(0.5),
+		Model:    openai.ChatModel(models.Data[0].ID),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")},
+		ResponseFormat: openai.ChatCompletionNewParamsResponseFormatUnion{
+			OfJSONObject: &openai.ResponseFormatJSONObjectParam{}},
 		FrequencyPenalty: openai.Float(0),
 	})
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "presence_penalty" {
-		t.Fatalf("presence_penalty: %v", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "response_format" {
+		t.Fatalf("response_format: %v", err)
 	}
 
 	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
@@ -355,30 +366,7 @@ func TestLlamaCppOutputDoesNotDependOnHowItIsServed(t *testing.T) {
 	})
 	t.Run("its worker killed mid-stream", func(t *testing.T) {
 		n := startLlamaNode(t)
-		type result struct {
-			ids []uint32
-			err error
-		}
-		results := make([]result, 8)
-		started := make(chan struct{}, len(results))
-		var wg sync.WaitGroup
-		for i := range results {
-			wg.Go(func() {
-				ids, err := n.streamIDs(ps[i], 64, started)
-				results[i] = result{ids, err}
-			})
-		}
-		for range results {
-			<-started
-		}
-		pids := workersOf(os.Getpid(), "rank-0")
-		if len(pids) != 1 {
-			t.Fatalf("rank 0's workers: %v", pids)
-		}
-		if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		wg.Wait()
+		results := n.streamAcrossAKill(t, 8, func(i int) ([]uint32, int, map[string]any) { return ps[i], 64, nil }, 1)
 		for i, r := range results {
 			if r.err != nil || !slices.Equal(r.ids, want[i]) {
 				t.Errorf("stream %d across a killed worker: %v\n dpnode %v\nllama.cpp %v", i, r.err, r.ids, want[i])
@@ -393,11 +381,92 @@ func TestLlamaCppOutputDoesNotDependOnHowItIsServed(t *testing.T) {
 	})
 }
 
-// streamIDs streams prompt's greedy continuation and returns its token
-// ids; started gets a value at the first token.
-func (n *llamaNode) streamIDs(prompt []uint32, maxTokens int, started chan<- struct{}) ([]uint32, error) {
-	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
-		"return_token_ids": true, "stream": true})
+// TestLlamaCppPenaltiesFollowTheRequest: penalties, min_p and a logit
+// bias take effect, and a request drawn with them is the same alone, in a
+// batch, and when its worker is killed halfway and it moves to the other
+// rank with the tokens it has so far, which its penalties go on counting.
+func TestLlamaCppPenaltiesFollowTheRequest(t *testing.T) {
+	n := startLlamaNode(t)
+	ps := prompts(8)
+	// Greedy, where the penalties alone can change the token, and drawn,
+	// with min_p too. The greedy ones reward repeats, so each token depends
+	// on the whole output so far, the part drawn on the killed rank too.
+	penalized := map[string]any{"frequency_penalty": -1, "presence_penalty": -0.5, "repetition_penalty": 0.8}
+	drawn := map[string]any{"temperature": 0.8, "seed": 11, "frequency_penalty": 1.5, "presence_penalty": 0.5,
+		"repetition_penalty": 1.3, "min_p": 0.05}
+	fields := func(i int) map[string]any { return [](map[string]any){penalized, drawn}[i%2] }
+	// Alone: each request's reference.
+	alone := make([][]uint32, 2*len(ps))
+	changed := 0
+	for i := range alone {
+		p := ps[i/2]
+		alone[i], _ = n.sample(t, p, 48, fields(i))
+		if without, _ := n.sample(t, p, 48, nil); i%2 == 0 && !slices.Equal(without, alone[i]) {
+			changed++
+		}
+	}
+	if changed == 0 {
+		t.Fatal("the penalties changed no greedy continuation")
+	}
+	// A bias of 100 makes its token the only one drawn, greedy or not.
+	for _, temp := range []float64{0, 1} {
+		if got, _ := n.sample(t, ps[0], 8, map[string]any{"temperature": temp, "logit_bias": map[string]float64{"1296": 100}}); !slices.Equal(got, slices.Repeat([]uint32{1296}, 8)) {
+			t.Fatalf("temperature %v, biased to 1296: %v", temp, got)
+		}
+	}
+	results := n.streamAcrossAKill(t, len(alone), func(i int) ([]uint32, int, map[string]any) { return ps[i/2], 48, fields(i) }, 24)
+	for i, r := range results {
+		if r.err != nil || !slices.Equal(r.ids, alone[i]) {
+			t.Errorf("stream %d, in a batch across a killed worker: %v\n    %v\nalone %v", i, r.err, r.ids, alone[i])
+		}
+	}
+	if moved := n.metric(t, "dpnode_requests_migrated_total"); moved == 0 {
+		t.Fatal("no stream was migrated off the killed worker's rank")
+	}
+}
+
+// streamed is one stream's token ids, or why it failed.
+type streamed struct {
+	ids []uint32
+	err error
+}
+
+// streamAcrossAKill streams n requests at once (request i's prompt, its
+// max_tokens and more fields), kills rank 0's model worker once each has
+// after tokens, and returns what every stream got.
+func (n *llamaNode) streamAcrossAKill(t *testing.T, count int, req func(i int) ([]uint32, int, map[string]any), after int) []streamed {
+	t.Helper()
+	results := make([]streamed, count)
+	started := make(chan struct{}, count)
+	var wg sync.WaitGroup
+	for i := range results {
+		wg.Go(func() {
+			prompt, maxTokens, fields := req(i)
+			ids, err := n.streamIDs(prompt, maxTokens, fields, after, started)
+			results[i] = streamed{ids, err}
+		})
+	}
+	for range results {
+		<-started
+	}
+	pids := workersOf(os.Getpid(), "rank-0")
+	if len(pids) != 1 {
+		t.Fatalf("rank 0's workers: %v", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	return results
+}
+
+// streamIDs streams prompt's greedy continuation (or as fields say) and
+// returns its token ids; started gets a value once after tokens came.
+func (n *llamaNode) streamIDs(prompt []uint32, maxTokens int, fields map[string]any, after int, started chan<- struct{}) ([]uint32, error) {
+	req := map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
+		"return_token_ids": true, "stream": true}
+	maps.Copy(req, fields)
+	body, _ := json.Marshal(req)
 	resp, err := n.http.Post(n.base+"/v1/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -416,7 +485,7 @@ func (n *llamaNode) streamIDs(prompt []uint32, maxTokens int, started chan<- str
 			return ids, fmt.Errorf("event %s", line)
 		}
 		ids = append(ids, c.Choices[0].TokenIDs...)
-		if first && len(ids) > 0 {
+		if first && len(ids) >= after {
 			first = false
 			started <- struct{}{}
 		}

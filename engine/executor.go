@@ -43,6 +43,10 @@ type ScheduledRequest struct {
 	// the one the executor itself sampled for Seq in the sequence's
 	// previous step: sampled tokens stay where they were sampled.
 	Tokens []uint32
+	// Prompt and Output are the request's tokens so far, when it samples
+	// in this step with penalties (Sampling.Penalized), which count them;
+	// nil otherwise. They are the scheduler's: read, never written.
+	Prompt, Output []uint32
 }
 
 // Shape is what a step computes, for cost models.

@@ -34,6 +34,20 @@ type SamplingParams struct {
 	Seed         *int64
 	IgnoreEOS    bool
 	StopTokenIDs []uint32
+	// PresencePenalty, FrequencyPenalty and RepetitionPenalty are vLLM's
+	// (0, 0 and 0 or 1 are off): over the output's tokens, and for
+	// repetition the prompt's too. MinP is off at 0. LogitBias is added to
+	// its tokens' logits. The simulated executor, whose text is
+	// deterministic, applies none of them.
+	PresencePenalty, FrequencyPenalty, RepetitionPenalty float32
+	MinP                                                 float32
+	LogitBias                                            map[uint32]float32
+}
+
+// Penalized reports whether a penalty is on: the executor needs the
+// request's tokens to draw.
+func (p *SamplingParams) Penalized() bool {
+	return p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || (p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1)
 }
 
 // MaxStopTokenIDs bounds a request's stop token ids. Every sampled token

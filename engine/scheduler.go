@@ -488,6 +488,9 @@ func (s *Scheduler) add(batch *Batch, req *Request, n int) {
 	}
 	if req.numComputed+n == total {
 		sr.SampleIndex = len(req.output)
+		if req.sampling.Penalized() {
+			sr.Prompt, sr.Output = req.prompt, req.output
+		}
 	}
 	if sr.Decode {
 		batch.NumDecodeSeqs++

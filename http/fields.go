@@ -48,10 +48,6 @@ func (u fieldUse) String() string {
 type fieldRule struct {
 	name string
 	use  fieldUse
-	// simAccepts marks a sampling field the llama.cpp engine refuses but
-	// the simulated engine accepts: its text is deterministic whatever the
-	// sampling asks, by design.
-	simAccepts bool
 	// neutral reports a value that asks for nothing, which a refused field
 	// accepts; nil accepts null only.
 	neutral func(v []byte) bool
@@ -77,17 +73,10 @@ func (r fieldRule) withCheck(check func(v []byte) string) fieldRule {
 	return r
 }
 
-// sampling returns r accepted by the simulated engine.
-func (r fieldRule) sampling() fieldRule {
-	r.simAccepts = true
-	return r
-}
-
 const (
 	whyLogprobs   = "log-probabilities are not computed by this server"
 	whyTools      = "tool calling is not supported by this server"
 	whyStructured = "structured output (a grammar or a schema) is not supported by this server"
-	whyPenalty    = "the llama.cpp engine does not apply penalties"
 	whyOpenAIOnly = "it asks for a service of OpenAI's platform that this server does not have"
 )
 
@@ -102,9 +91,9 @@ var commonFieldRules = []fieldRule{
 	applied("stream_options"),
 	applied("temperature"),
 	applied("top_p"),
-	refused("frequency_penalty", nullOrNumber(0), whyPenalty).withCheck(numberFromTo(-2, 2)).sampling(),
-	refused("presence_penalty", nullOrNumber(0), whyPenalty).withCheck(numberFromTo(-2, 2)).sampling(),
-	refused("logit_bias", nullOrEmpty, "no engine applies a logit bias yet"),
+	applied("frequency_penalty").withCheck(numberFromTo(-2, 2)),
+	applied("presence_penalty").withCheck(numberFromTo(-2, 2)),
+	applied("logit_bias"),
 	noEffect("user", "it names the end user to OpenAI's abuse monitoring; dpnode keeps no record of it"),
 	// vLLM's extensions.
 	applied("top_k"),
@@ -114,8 +103,8 @@ var commonFieldRules = []fieldRule{
 	applied("ignore_eos"),
 	applied("cache_salt"),
 	applied("return_token_ids"),
-	refused("repetition_penalty", nullOrNumber(1), whyPenalty).withCheck(numberAbove(0)).sampling(),
-	refused("min_p", nullOrNumber(0), "the llama.cpp engine does not apply min_p").withCheck(numberFromTo(0, 1)).sampling(),
+	applied("repetition_penalty").withCheck(numberAbove(0)),
+	applied("min_p").withCheck(numberFromTo(0, 1)),
 	refused("skip_special_tokens", nullOrBool(true), "special tokens are always left out of the text"),
 	refused("spaces_between_special_tokens", nullOrBool(true), "special tokens are always left out of the text"),
 	refused("prompt_logprobs", nullOrNumber(0), whyLogprobs),
@@ -327,8 +316,7 @@ func (s *Server) checkField(table *fieldTable, at fieldPath, key, val []byte) (*
 			return r, badRequest(param+" "+msg, param)
 		}
 	}
-	if r.use != fieldRefused || isNull(val) || (r.neutral != nil && r.neutral(val)) ||
-		(s.cfg.SimulatedEngine && r.simAccepts) {
+	if r.use != fieldRefused || isNull(val) || (r.neutral != nil && r.neutral(val)) {
 		return r, nil
 	}
 	param := at.join(r.name)

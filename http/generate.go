@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -41,6 +42,14 @@ type genSpec struct {
 }
 
 func newID(prefix string) string { return prefix + "-" + strings.ToLower(rand.Text()) }
+
+// f32 is an optional parameter's value, 0 when not given.
+func f32(v *float64) float32 {
+	if v == nil {
+		return 0
+	}
+	return float32(*v)
+}
 
 // defaultCompletionTokens is max_tokens when a completion gives none.
 const defaultCompletionTokens = 16
@@ -78,6 +87,15 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 	}
 	// Both endpoints ran checkLists before tokenizing.
 	if e := s.checkTokenIDs(p.StopTokenIDs, "stop_token_ids"); e != nil {
+		return nil, e
+	}
+	biased := make([]uint32, 0, len(p.LogitBias))
+	for k := range p.LogitBias {
+		// checkLists has read every key as a token id.
+		id, _ := strconv.ParseUint(k, 10, 32)
+		biased = append(biased, uint32(id))
+	}
+	if e := s.checkTokenIDs(biased, "logit_bias"); e != nil {
 		return nil, e
 	}
 	g.includeUsage = p.StreamOptions != nil && p.StreamOptions.IncludeUsage
@@ -133,6 +151,16 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 		}
 		if p.TopK != nil && *p.TopK > 0 {
 			sp.TopK = *p.TopK
+		}
+		sp.PresencePenalty, sp.FrequencyPenalty = f32(p.PresencePenalty), f32(p.FrequencyPenalty)
+		sp.RepetitionPenalty, sp.MinP = f32(p.RepetitionPenalty), f32(p.MinP)
+		if len(p.LogitBias) > 0 {
+			// checkLists has read every key as a token id.
+			sp.LogitBias = make(map[uint32]float32, len(p.LogitBias))
+			for k, v := range p.LogitBias {
+				id, _ := strconv.ParseUint(k, 10, 32)
+				sp.LogitBias[uint32(id)] = float32(v)
+			}
 		}
 		g.sampling = append(g.sampling, sp)
 	}

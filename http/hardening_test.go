@@ -35,6 +35,16 @@ func TestListsOverTheirLimitsAreRefused(t *testing.T) {
 	strs := func(n int, s string) string {
 		return strings.TrimSuffix(strings.Repeat(`"`+s+`",`, n), ",")
 	}
+	bias := func(n int) string {
+		var b strings.Builder
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `"%d":1`, i)
+		}
+		return b.String()
+	}
 	msgs := strings.TrimSuffix(strings.Repeat(`{"role":"user","content":"hi"},`, 2049), ",")
 	cases := []struct{ name, path, body, param string }{
 		// Three million ids fit in the 16 MiB body.
@@ -44,8 +54,8 @@ func TestListsOverTheirLimitsAreRefused(t *testing.T) {
 		{"a stop string of 1025 bytes", "/v1/completions", `{"prompt":"x","max_tokens":1,"stop":"` + strings.Repeat("s", 1025) + `"}`, "stop"},
 		{"2049 messages", "/v1/chat/completions", `{"max_tokens":1,"messages":[` + msgs + `]}`, "messages"},
 		{"129 prompts", "/v1/completions", `{"max_tokens":1,"prompt":[` + strs(129, "p") + `]}`, "prompt"},
-		{"logit_bias set", "/v1/completions", `{"prompt":"x","max_tokens":1,"logit_bias":{"42":-100}}`, "logit_bias"},
-		{"1025 logit_bias entries", "/v1/completions", `{"prompt":"x","max_tokens":1,"logit_bias":{` + strings.TrimSuffix(strings.Repeat(`"1":1,`, 1025), ",") + `}}`, "logit_bias"},
+		{"1025 logit_bias entries", "/v1/completions", `{"prompt":"x","max_tokens":1,"logit_bias":{` + bias(1025) + `}}`, "logit_bias"},
+		{"logit_bias out of the vocabulary", "/v1/completions", `{"prompt":"x","max_tokens":1,"logit_bias":{"128256":1}}`, "logit_bias"},
 		{"logit_bias out of range", "/v1/completions", `{"prompt":"x","max_tokens":1,"logit_bias":{"1":101}}`, "logit_bias"},
 		{"prompt token out of the vocabulary", "/v1/completions", `{"prompt":[1,2,128256],"max_tokens":1}`, "prompt"},
 		{"stop token out of the vocabulary", "/v1/completions", `{"prompt":"x","max_tokens":1,"stop_token_ids":[4000000000]}`, "stop_token_ids"},
@@ -69,6 +79,7 @@ func TestListsOverTheirLimitsAreRefused(t *testing.T) {
 	for _, body := range []string{
 		`{"prompt":"x","max_tokens":2,"stop_token_ids":[` + ids(1024, 1) + `],"stop":[` + strs(32, strings.Repeat("z", 1024)) + `],"logit_bias":{}}`,
 		`{"prompt":"x","max_tokens":2,"logit_bias":null,"stop":null,"stop_token_ids":null}`,
+		`{"prompt":"x","max_tokens":2,"logit_bias":{` + bias(1024) + `}}`,
 	} {
 		if status, resp := ts.post(t, "/v1/completions", body, nil); status != 200 {
 			t.Fatalf("%d %.300s", status, resp)

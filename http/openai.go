@@ -163,8 +163,8 @@ type streamOptions struct {
 }
 
 // commonParams are the fields both endpoints take and apply. What every
-// other field does is in fields.go's tables; logit_bias is read to check
-// its entries, and the table refuses it when set.
+// other field does is in fields.go's tables, which also check the ranges
+// of the penalties and min_p.
 type commonParams struct {
 	Model               string             `json:"model"`
 	MaxTokens           *int               `json:"max_tokens"`
@@ -182,6 +182,10 @@ type commonParams struct {
 	Seed                *int64             `json:"seed"`
 	IgnoreEOS           bool               `json:"ignore_eos"`
 	LogitBias           map[string]float64 `json:"logit_bias"`
+	PresencePenalty     *float64           `json:"presence_penalty"`
+	FrequencyPenalty    *float64           `json:"frequency_penalty"`
+	RepetitionPenalty   *float64           `json:"repetition_penalty"`
+	MinP                *float64           `json:"min_p"`
 	// CacheSalt keeps the call's prefix-cache blocks apart from other
 	// salts' (vLLM's cache_salt): a tenant that sends its own salt neither
 	// hits nor learns of another's cached prompts through cached_tokens.

@@ -298,7 +298,9 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, table *fi
 		return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 			Message: fmt.Sprintf("request body larger than the limit of %d bytes", tooBig.Limit)}
 	case errors.As(err, &typeErr):
-		return badRequest(fmt.Sprintf("invalid type for %q: expected %s", typeErr.Field, typeErr.Type), typeErr.Field)
+		// Fields of an embedded struct are named by its Go name too.
+		field := strings.TrimPrefix(typeErr.Field, "commonParams.")
+		return badRequest(fmt.Sprintf("invalid type for %q: expected %s", field, typeErr.Type), field)
 	default:
 		return badRequest("invalid JSON body: "+err.Error(), "")
 	}

@@ -51,6 +51,17 @@ type Executor struct {
 	// gapTokens counts the tokens the worker put between the steps'
 	// streams so that llama.cpp computed each step in fewer passes.
 	gapTokens atomic.Uint64
+	// histories says, per sequence, whose penalty history the worker
+	// holds there and which output it draws next: a request that samples
+	// anything else is sent its history again. Execute's alone.
+	histories map[int32]historyMark
+}
+
+// historyMark is the request whose history a worker's sequence holds,
+// and the index of the output it draws next.
+type historyMark struct {
+	id   string
+	next int
 }
 
 // GapTokens is how many tokens the worker has put in streams between the
@@ -164,6 +175,9 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 		s := &dpnodev1.StepSequence{Seq: r.Seq, Pos: int32(r.NumComputed), Tokens: r.Tokens}
 		if r.SampleIndex >= 0 {
 			s.Sample = e.sampleParams(r)
+			if r.Sampling.Penalized() {
+				s.Sample.History = e.history(r)
+			}
 		}
 		step.Sequences = append(step.Sequences, s)
 	}
@@ -210,10 +224,30 @@ func (e *Executor) sampleParams(r *engine.ScheduledRequest) *dpnodev1.SamplePara
 		base = h.Sum64()
 	}
 	p.Seed = SampleSeed(base, r.SampleIndex)
+	p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty, p.MinP = sp.PresencePenalty, sp.FrequencyPenalty, sp.RepetitionPenalty, sp.MinP
+	for t, v := range sp.LogitBias {
+		p.LogitBiasTokenIds = append(p.LogitBiasTokenIds, t)
+		p.LogitBiasValues = append(p.LogitBiasValues, v)
+	}
 	if r.SampleIndex < sp.MinTokens {
 		p.BannedTokenIds = append(append(p.BannedTokenIds, e.ready.EogTokenIds...), sp.StopTokenIDs...)
 	}
 	return p
+}
+
+// history is r's penalty history for the worker, or nil when the worker's
+// sequence already holds it: the sequence drew every output r has, in
+// steps for r.
+func (e *Executor) history(r *engine.ScheduledRequest) *dpnodev1.PenaltyHistory {
+	if e.histories == nil {
+		e.histories = map[int32]historyMark{}
+	}
+	mark := e.histories[r.Seq]
+	e.histories[r.Seq] = historyMark{id: r.ID, next: r.SampleIndex + 1}
+	if mark.id == r.ID && mark.next == r.SampleIndex && len(r.Output) == r.SampleIndex {
+		return nil
+	}
+	return &dpnodev1.PenaltyHistory{Prompt: r.Prompt, Output: r.Output}
 }
 
 // SampleSeed is the seed of the index-th token of a request seeded with

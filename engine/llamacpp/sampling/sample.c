@@ -324,11 +324,27 @@ static int32_t draw_blocks(const float *l, int32_t n, const float *bmax, const f
     return lo + k - 1;
 }
 
-int32_t dpn_sample(float *logits, int32_t n, float temp, int32_t top_k, float top_p, uint64_t seed,
+// cut_below writes -inf over every logit below floor.
+DPN_CLONES static void cut_below(float *l, int32_t n, float floor) {
+    for (int32_t i = 0; i < n; i++) {
+        l[i] = l[i] < floor ? -INFINITY : l[i];
+    }
+}
+
+int32_t dpn_sample(float *logits, int32_t n, float temp, int32_t top_k, float top_p, float min_p, uint64_t seed,
                    const int32_t *banned, int32_t n_banned, float *scratch, uint64_t *keys) {
     for (int32_t i = 0; i < n_banned; i++) {
         if (banned[i] >= 0 && banned[i] < n) {
             logits[banned[i]] = -INFINITY;
+        }
+    }
+    if (temp > 0.0f && min_p > 0.0f) {
+        // Min-p, before top-k and top-p: a token less likely than min_p
+        // times the most likely, e^((l-m)/temp) < min_p, is left out.
+        int32_t first;
+        const float m = row_max(logits, n, &first);
+        if (m > -INFINITY) {
+            cut_below(logits, n, m + (float)((double)temp * log((double)min_p)));
         }
     }
     if (temp <= 0.0f) {

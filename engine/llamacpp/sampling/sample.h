@@ -15,9 +15,10 @@ static inline int64_t dpn_scratch_floats(int32_t n) { return (int64_t)n + n / DP
 
 // dpn_sample draws a token from logits[0..n). Banned tokens are written
 // -inf into logits first. temp <= 0 is greedy (the first of equal
-// maxima); otherwise temperature, then top_k (0: off), then top_p (0 or
-// 1: off), then a draw seeded by seed.
-int32_t dpn_sample(float *logits, int32_t n, float temp, int32_t top_k, float top_p, uint64_t seed,
+// maxima); otherwise temperature, then min_p (0: off; tokens cut are
+// written -inf), then top_k (0: off), then top_p (0 or 1: off), then a
+// draw seeded by seed.
+int32_t dpn_sample(float *logits, int32_t n, float temp, int32_t top_k, float top_p, float min_p, uint64_t seed,
                    const int32_t *banned, int32_t n_banned, float *scratch, uint64_t *keys);
 
 #endif

@@ -1,6 +1,7 @@
 // Package sampling draws tokens from rows of logits on the host, for the
-// llama.cpp engine's worker: greedy, or temperature then top-k then top-p
-// then a seeded draw, as vLLM orders them.
+// llama.cpp engine's worker, in vLLM V1's order: banned tokens and logit
+// bias, then the penalties, then greedy, or temperature then min-p then
+// top-k then top-p then a seeded draw.
 //
 // A row costs time linear in the vocabulary: one vectorized pass for
 // greedy; two (the maximum, then every token's weight) for a draw; top-k
@@ -14,6 +15,7 @@ package sampling
 
 /*
 #cgo CFLAGS: -O3
+#cgo LDFLAGS: -lm
 #include "sample.h"
 */
 import "C"
@@ -36,6 +38,97 @@ type Params struct {
 	Seed uint64
 	// Banned tokens are never drawn (their logits are set to -inf).
 	Banned []int32
+	// LogitBias is added to its tokens' logits first.
+	LogitBias []Bias
+	// Presence, Frequency and Repetition are vLLM's penalties, over
+	// History: a token of the output loses Frequency for each time it was
+	// drawn and Presence once; a token of the prompt or the output has its
+	// logit divided by Repetition when positive, multiplied when not. 0, 0
+	// and 0 or 1 are off.
+	Presence, Frequency, Repetition float32
+	// History is what the penalties count; it must be set when one is on.
+	History *History
+	// MinP, after the temperature, leaves out the tokens less likely than
+	// MinP times the most likely one; 0 is off.
+	MinP float32
+}
+
+// Bias is one token's logit bias.
+type Bias struct {
+	Token int32
+	Value float32
+}
+
+// Penalized reports whether a penalty is on.
+func (p *Params) Penalized() bool {
+	return p.Presence != 0 || p.Frequency != 0 || (p.Repetition != 0 && p.Repetition != 1)
+}
+
+// NeedsLogits reports whether the row needs its logits on the host: all
+// but a plain greedy row, which a device can take the argmax of.
+func (p *Params) NeedsLogits() bool {
+	return p.Temperature > 0 || len(p.Banned) > 0 || len(p.LogitBias) > 0 || p.Penalized()
+}
+
+// History is the tokens a sequence's penalties count: its prompt's, and
+// its output's with how many times each was drawn.
+//
+// Concurrency: not safe for concurrent use; a row's draw is its sequence's.
+type History struct {
+	prompt map[int32]struct{}
+	output map[int32]int32
+}
+
+// NewHistory returns the history of a request with prompt and the output
+// drawn so far (wherever it was drawn).
+func NewHistory(prompt, output []uint32) *History {
+	h := &History{prompt: make(map[int32]struct{}, len(prompt)), output: make(map[int32]int32, len(output))}
+	for _, t := range prompt {
+		h.prompt[int32(t)] = struct{}{}
+	}
+	for _, t := range output {
+		h.output[int32(t)]++
+	}
+	return h
+}
+
+// Add counts a token drawn.
+func (h *History) Add(token int32) { h.output[token]++ }
+
+// penalize applies p's penalties to the tokens of h, in vLLM's order:
+// repetition, then frequency and presence. Each token is changed once,
+// whatever the order of the maps.
+func (h *History) penalize(logits []float32, p *Params) {
+	if h == nil {
+		return
+	}
+	n := int32(len(logits))
+	if rep := p.Repetition; rep > 0 && rep != 1 {
+		repeat := func(t int32) {
+			if t < n {
+				if l := logits[t]; l > 0 {
+					logits[t] = l / rep
+				} else {
+					logits[t] = l * rep
+				}
+			}
+		}
+		for t := range h.prompt {
+			repeat(t)
+		}
+		for t := range h.output {
+			if _, inPrompt := h.prompt[t]; !inPrompt {
+				repeat(t)
+			}
+		}
+	}
+	if p.Frequency != 0 || p.Presence != 0 {
+		for t, c := range h.output {
+			if t < n {
+				logits[t] -= p.Frequency*float32(c) + p.Presence
+			}
+		}
+	}
 }
 
 // Sampler holds the scratch of one row's draw. It is not safe for
@@ -52,17 +145,28 @@ func NewSampler(nVocab int) *Sampler {
 }
 
 // Sample draws a token from logits, which must hold the sampler's nVocab
-// values; it writes -inf over the banned ones.
+// values; it writes over them: -inf over the banned ones, and the bias and
+// penalties where they apply.
 func (s *Sampler) Sample(logits []float32, p *Params) int32 {
 	if len(logits) != s.n {
 		panic("sampling: a row of the wrong vocabulary size")
+	}
+	// Sparse: the bias's tokens and the history's. Banned tokens stay
+	// banned (-inf plus a bias is -inf); min-p is the C code's.
+	for _, b := range p.LogitBias {
+		if int(b.Token) < len(logits) {
+			logits[b.Token] += b.Value
+		}
+	}
+	if p.Penalized() {
+		p.History.penalize(logits, p)
 	}
 	var banned *C.int32_t
 	if len(p.Banned) > 0 {
 		banned = (*C.int32_t)(unsafe.Pointer(&p.Banned[0]))
 	}
 	return int32(C.dpn_sample((*C.float)(unsafe.Pointer(&logits[0])), C.int32_t(s.n), C.float(p.Temperature), C.int32_t(p.TopK),
-		C.float(p.TopP), C.uint64_t(p.Seed), banned, C.int32_t(len(p.Banned)),
+		C.float(p.TopP), C.float(p.MinP), C.uint64_t(p.Seed), banned, C.int32_t(len(p.Banned)),
 		(*C.float)(unsafe.Pointer(&s.scratch[0])), (*C.uint64_t)(unsafe.Pointer(&s.keys[0]))))
 }
 

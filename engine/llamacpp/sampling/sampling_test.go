@@ -38,7 +38,11 @@ func probabilities(logits []float32, p Params, slack float64) []float64 {
 	for b := range banned {
 		l[b] = float32(math.Inf(-1))
 	}
+	if p.MinP > 0 {
+		l = reference(l, Params{Temperature: p.Temperature, MinP: p.MinP}, nil, nil)
+	}
 	order := ranked(l)
+	order = slices.DeleteFunc(order, func(i int) bool { return math.IsInf(float64(l[i]), -1) })
 	if p.TopK > 0 && int(p.TopK) < len(order) {
 		order = order[:p.TopK]
 	}
@@ -115,6 +119,8 @@ func TestDrawsFollowTheDistribution(t *testing.T) {
 		{Temperature: 1, TopP: 0.8},
 		{Temperature: 0.7, TopK: 5, TopP: 0.9},
 		{Temperature: 1, Banned: []int32{6, 0}},
+		{Temperature: 1, MinP: 0.2},
+		{Temperature: 0.5, MinP: 0.05, TopK: 4},
 	} {
 		t.Run(fmt.Sprintf("%+v", p), func(t *testing.T) {
 			const draws = 20000
@@ -201,14 +207,155 @@ func BenchmarkSample(b *testing.B) {
 	for i := range logits {
 		logits[i] = float32(rng.NormFloat64() * 3)
 	}
-	for _, p := range []Params{{}, {Temperature: 1}, {Temperature: 1, TopK: 50}, {Temperature: 1, TopP: 0.95}, {Temperature: 0.8, TopK: 50, TopP: 0.95}} {
-		b.Run(fmt.Sprintf("t=%g,k=%d,p=%g", p.Temperature, p.TopK, p.TopP), func(b *testing.B) {
+	// A history of a 1,000-token prompt and 200 tokens drawn.
+	var prompt, output []uint32
+	for i := range 1200 {
+		if t := uint32(rng.IntN(n)); i < 1000 {
+			prompt = append(prompt, t)
+		} else {
+			output = append(output, t)
+		}
+	}
+	h := NewHistory(prompt, output)
+	for _, p := range []Params{{}, {Temperature: 1}, {Temperature: 1, TopK: 50}, {Temperature: 1, TopP: 0.95}, {Temperature: 0.8, TopK: 50, TopP: 0.95},
+		{Temperature: 1, MinP: 0.05}, {Temperature: 1, Presence: 0.5, Frequency: 0.5, Repetition: 1.1, History: h}} {
+		b.Run(fmt.Sprintf("t=%g,k=%d,p=%g,minp=%g,penalties=%v", p.Temperature, p.TopK, p.TopP, p.MinP, p.Penalized()), func(b *testing.B) {
 			s := NewSampler(n)
 			row := slices.Clone(logits)
 			for i := 0; b.Loop(); i++ {
 				p.Seed = uint64(i)
+				// A step's rows are new; min-p and the penalties write
+				// over them.
+				copy(row, logits)
 				s.Sample(row, &p)
 			}
 		})
+	}
+}
+
+// reference applies logit bias, penalties and min-p as vLLM V1 states
+// them, densely and in float64 where it can: each token's count found by
+// scanning the output, the min-p cut on probabilities.
+func reference(logits []float32, p Params, prompt, output []int32) []float32 {
+	l := slices.Clone(logits)
+	for _, b := range p.Banned {
+		l[b] = float32(math.Inf(-1))
+	}
+	for _, b := range p.LogitBias {
+		l[b.Token] += b.Value
+	}
+	for t := range l {
+		count := 0
+		for _, o := range output {
+			if int(o) == t {
+				count++
+			}
+		}
+		if p.Repetition > 0 && p.Repetition != 1 && (count > 0 || slices.Contains(prompt, int32(t))) {
+			if l[t] > 0 {
+				l[t] /= p.Repetition
+			} else {
+				l[t] *= p.Repetition
+			}
+		}
+		if count > 0 {
+			l[t] -= p.Frequency*float32(count) + p.Presence
+		}
+	}
+	if p.MinP > 0 && p.Temperature > 0 {
+		top := math.Inf(-1)
+		for _, x := range l {
+			top = math.Max(top, float64(x))
+		}
+		for t, x := range l {
+			// p(t) / p(top) < min_p
+			if math.Exp((float64(x)-top)/float64(p.Temperature)) < float64(p.MinP) {
+				l[t] = float32(math.Inf(-1))
+			}
+		}
+	}
+	return l
+}
+
+// TestPenaltiesBiasAndMinPAreVLLMs: on random rows and histories, the
+// token drawn with logit bias, penalties and min-p is the one the same
+// seed draws from the reference's logits with none of them. Logits within
+// a hair of the min-p cut, where float32 and float64 may disagree, are
+// moved off it first.
+func TestPenaltiesBiasAndMinPAreVLLMs(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.SampledFrom([]int{2, 17, 1000, 4096}).Draw(t, "n")
+		rng := rand.New(rand.NewPCG(rapid.Uint64().Draw(t, "rowSeed"), 2))
+		logits := make([]float32, n)
+		for i := range logits {
+			logits[i] = float32(rng.NormFloat64() * 3)
+		}
+		token := rapid.Int32Range(0, int32(n-1))
+		prompt := rapid.SliceOfN(token, 0, 40).Draw(t, "prompt")
+		output := rapid.SliceOfN(token, 0, 40).Draw(t, "output")
+		p := Params{Temperature: rapid.SampledFrom([]float32{0, 0.3, 1, 1.7}).Draw(t, "temperature"), Seed: rapid.Uint64().Draw(t, "seed")}
+		if rapid.Bool().Draw(t, "penalties") {
+			p.Presence = rapid.Float32Range(-2, 2).Draw(t, "presence")
+			p.Frequency = rapid.Float32Range(-2, 2).Draw(t, "frequency")
+			p.Repetition = rapid.SampledFrom([]float32{0, 1, 0.5, 1.3, 2}).Draw(t, "repetition")
+		}
+		for range rapid.IntRange(0, 4).Draw(t, "nBias") {
+			p.LogitBias = append(p.LogitBias, Bias{Token: token.Draw(t, "biased"), Value: rapid.Float32Range(-100, 100).Draw(t, "bias")})
+		}
+		if rapid.Bool().Draw(t, "banned") {
+			p.Banned = []int32{token.Draw(t, "ban")}
+		}
+		if rapid.Bool().Draw(t, "minP") {
+			p.MinP = rapid.Float32Range(0.001, 1).Draw(t, "minP")
+		}
+		if rapid.Bool().Draw(t, "topK") {
+			p.TopK = int32(rapid.IntRange(1, n).Draw(t, "k"))
+		}
+		// Distinct bias tokens: vLLM's bias is a map.
+		slices.SortFunc(p.LogitBias, func(a, b Bias) int { return cmp.Compare(a.Token, b.Token) })
+		p.LogitBias = slices.CompactFunc(p.LogitBias, func(a, b Bias) bool { return a.Token == b.Token })
+		if p.MinP > 0 && p.Temperature > 0 {
+			off := Params{Temperature: p.Temperature, MinP: 0, Banned: p.Banned, LogitBias: p.LogitBias,
+				Presence: p.Presence, Frequency: p.Frequency, Repetition: p.Repetition}
+			pre := reference(logits, off, prompt, output)
+			top := math.Inf(-1)
+			for _, x := range pre {
+				top = math.Max(top, float64(x))
+			}
+			cut := top + float64(p.Temperature)*math.Log(float64(p.MinP))
+			for i, x := range pre {
+				if d := float64(x) - cut; math.Abs(d) < 1e-3 && !math.IsInf(float64(x), 0) && float64(x) != top {
+					logits[i] -= 0.01
+				}
+			}
+		}
+		want := draw(reference(logits, p, prompt, output), Params{Temperature: p.Temperature, TopK: p.TopK, Seed: p.Seed})
+		p.History = NewHistory(u32(prompt), u32(output))
+		if got := draw(logits, p); got != want {
+			t.Fatalf("drew %d, the reference %d", got, want)
+		}
+	})
+}
+
+func u32(ids []int32) []uint32 {
+	out := make([]uint32, len(ids))
+	for i, t := range ids {
+		out[i] = uint32(t)
+	}
+	return out
+}
+
+// TestHistoryCountsWhatIsAdded: a token added counts as drawn once more,
+// as a sequence's own draws do between the engine's full histories.
+func TestHistoryCountsWhatIsAdded(t *testing.T) {
+	logits := []float32{1, 1, 1, 1}
+	h := NewHistory([]uint32{0}, []uint32{1})
+	h.Add(1)
+	h.Add(2)
+	p := Params{Frequency: 0.5, Presence: 0.25, Repetition: 2, History: h}
+	h.penalize(logits, &p)
+	// Token 0: the prompt's (repetition); 1: drawn twice; 2: once; 3: never.
+	if want := []float32{0.5, 0.5 - 1 - 0.25, 0.5 - 0.5 - 0.25, 1}; !slices.Equal(logits, want) {
+		t.Fatalf("%v, want %v", logits, want)
 	}
 }

@@ -112,6 +112,9 @@ type server struct {
 	// computes unless the engine sends tokens.
 	last    []uint32
 	hasLast []bool
+	// history is what each sequence's penalties count, for a sequence
+	// whose request has penalties: set by the engine, then each draw added.
+	history []*sampling.History
 	// samplers draw a step's tokens, a row per thread at a time.
 	samplers *sampling.Pool
 	// rows and params are the step's rows to sample, order and outIndex
@@ -256,6 +259,7 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	s.streamCells = int32(ctx.streamCells())
 	s.last = make([]uint32, ctx.sequences())
 	s.hasLast = make([]bool, ctx.sequences())
+	s.history = make([]*sampling.History, ctx.sequences())
 	ready.KvCells = uint32(ctx.cells())
 	ready.MaxBatchTokens = uint32(ctx.nBatch)
 	ready.Sequences = uint32(ctx.sequences())
@@ -263,13 +267,32 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	return ready, nil
 }
 
-// sampleParams are the engine's for a token, as the sampler takes them.
-func sampleParams(p *dpnodev1.SampleParams) sampling.Params {
-	sp := sampling.Params{Temperature: p.Temperature, TopK: p.TopK, TopP: p.TopP, Seed: p.Seed}
+// sampleParams are the engine's for a token of sequence seq, as the
+// sampler takes them.
+func (s *server) sampleParams(seq int32, p *dpnodev1.SampleParams) (sampling.Params, error) {
+	sp := sampling.Params{Temperature: p.Temperature, TopK: p.TopK, TopP: p.TopP, Seed: p.Seed,
+		Presence: p.PresencePenalty, Frequency: p.FrequencyPenalty, Repetition: p.RepetitionPenalty, MinP: p.MinP}
 	for _, t := range p.BannedTokenIds {
 		sp.Banned = append(sp.Banned, int32(t))
 	}
-	return sp
+	if len(p.LogitBiasTokenIds) != len(p.LogitBiasValues) {
+		return sp, fmt.Errorf("%d logit bias tokens but %d values", len(p.LogitBiasTokenIds), len(p.LogitBiasValues))
+	}
+	for i, t := range p.LogitBiasTokenIds {
+		if int(t) >= s.ctx.nVocab {
+			return sp, fmt.Errorf("a logit bias for token %d, not in the vocabulary of %d", t, s.ctx.nVocab)
+		}
+		sp.LogitBias = append(sp.LogitBias, sampling.Bias{Token: int32(t), Value: p.LogitBiasValues[i]})
+	}
+	if h := p.History; h != nil {
+		s.history[seq] = sampling.NewHistory(h.Prompt, h.Output)
+	}
+	if sp.Penalized() {
+		if sp.History = s.history[seq]; sp.History == nil {
+			return sp, fmt.Errorf("penalties for sequence %d, which has no history", seq)
+		}
+	}
+	return sp, nil
 }
 
 func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
@@ -354,8 +377,12 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 	for i, q := range st.Sequences {
 		if q.Sample != nil {
 			// The batch index of the row, until its logits are out.
+			sp, err := s.sampleParams(q.Seq, q.Sample)
+			if err != nil {
+				return nil, err
+			}
 			s.rows = append(s.rows, sampleRow{seq: q.Seq, tok: s.outIndex[i]})
-			s.params = append(s.params, sampleParams(q.Sample))
+			s.params = append(s.params, sp)
 		}
 	}
 	if err := s.placeSampling(); err != nil {
@@ -397,6 +424,9 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 	}
 	for i := range s.rows {
 		r := &s.rows[i]
+		if h := s.params[i].History; h != nil {
+			h.Add(r.tok)
+		}
 		s.last[r.seq], s.hasLast[r.seq] = uint32(r.tok), true
 		done.Tokens = append(done.Tokens, uint32(r.tok))
 		r.logits = nil
@@ -419,7 +449,7 @@ func (s *server) placeSampling() error {
 	}
 	host := false
 	for i := range s.params {
-		if p := &s.params[i]; p.Temperature > 0 || len(p.Banned) > 0 {
+		if s.params[i].NeedsLogits() {
 			host = true
 			break
 		}

@@ -106,9 +106,16 @@ type SamplingParams struct {
 	StopTokenIds []uint32 `protobuf:"varint,7,rep,packed,name=stop_token_ids,json=stopTokenIds,proto3" json:"stop_token_ids,omitempty"`
 	// Sample among this many most likely tokens; 0 (or -1, vLLM's way of
 	// saying it) keeps them all.
-	TopK          int32 `protobuf:"varint,8,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TopK int32 `protobuf:"varint,8,opt,name=top_k,json=topK,proto3" json:"top_k,omitempty"`
+	// vLLM's penalties (0, 0 and 0 or 1 are off), min_p (0 is off), and a
+	// bias added to the logits of its tokens.
+	PresencePenalty   float32            `protobuf:"fixed32,9,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`
+	FrequencyPenalty  float32            `protobuf:"fixed32,10,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`
+	RepetitionPenalty float32            `protobuf:"fixed32,11,opt,name=repetition_penalty,json=repetitionPenalty,proto3" json:"repetition_penalty,omitempty"`
+	MinP              float32            `protobuf:"fixed32,12,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
+	LogitBias         map[uint32]float32 `protobuf:"bytes,13,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed32,2,opt,name=value"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -195,6 +202,41 @@ func (x *SamplingParams) GetTopK() int32 {
 		return x.TopK
 	}
 	return 0
+}
+
+func (x *SamplingParams) GetPresencePenalty() float32 {
+	if x != nil {
+		return x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetFrequencyPenalty() float32 {
+	if x != nil {
+		return x.FrequencyPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetRepetitionPenalty() float32 {
+	if x != nil {
+		return x.RepetitionPenalty
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetMinP() float32 {
+	if x != nil {
+		return x.MinP
+	}
+	return 0
+}
+
+func (x *SamplingParams) GetLogitBias() map[uint32]float32 {
+	if x != nil {
+		return x.LogitBias
+	}
+	return nil
 }
 
 // AddRequest hands a request to one engine.
@@ -846,7 +888,7 @@ var File_dpnode_v1_engine_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\n" +
-	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\x81\x02\n" +
+	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\xa4\x04\n" +
 	"\x0eSamplingParams\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x01 \x01(\rR\tmaxTokens\x12\x1d\n" +
@@ -858,7 +900,17 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\n" +
 	"ignore_eos\x18\x06 \x01(\bR\tignoreEos\x12$\n" +
 	"\x0estop_token_ids\x18\a \x03(\rR\fstopTokenIds\x12\x13\n" +
-	"\x05top_k\x18\b \x01(\x05R\x04topKB\a\n" +
+	"\x05top_k\x18\b \x01(\x05R\x04topK\x12)\n" +
+	"\x10presence_penalty\x18\t \x01(\x02R\x0fpresencePenalty\x12+\n" +
+	"\x11frequency_penalty\x18\n" +
+	" \x01(\x02R\x10frequencyPenalty\x12-\n" +
+	"\x12repetition_penalty\x18\v \x01(\x02R\x11repetitionPenalty\x12\x13\n" +
+	"\x05min_p\x18\f \x01(\x02R\x04minP\x12G\n" +
+	"\n" +
+	"logit_bias\x18\r \x03(\v2(.dpnode.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x1a<\n" +
+	"\x0eLogitBiasEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x02R\x05value:\x028\x01B\a\n" +
 	"\x05_seed\"\x82\x03\n" +
 	"\n" +
 	"AddRequest\x12\x1d\n" +
@@ -937,7 +989,7 @@ func file_dpnode_v1_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_dpnode_v1_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_dpnode_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_dpnode_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_dpnode_v1_engine_proto_goTypes = []any{
 	(FinishReason)(0),      // 0: dpnode.v1.FinishReason
 	(*SamplingParams)(nil), // 1: dpnode.v1.SamplingParams
@@ -949,17 +1001,19 @@ var file_dpnode_v1_engine_proto_goTypes = []any{
 	(*ListRequests)(nil),   // 7: dpnode.v1.ListRequests
 	(*RequestList)(nil),    // 8: dpnode.v1.RequestList
 	(*EngineReady)(nil),    // 9: dpnode.v1.EngineReady
+	nil,                    // 10: dpnode.v1.SamplingParams.LogitBiasEntry
 }
 var file_dpnode_v1_engine_proto_depIdxs = []int32{
-	1, // 0: dpnode.v1.AddRequest.sampling:type_name -> dpnode.v1.SamplingParams
-	0, // 1: dpnode.v1.RequestOutput.finish_reason:type_name -> dpnode.v1.FinishReason
-	4, // 2: dpnode.v1.StepOutputs.outputs:type_name -> dpnode.v1.RequestOutput
-	6, // 3: dpnode.v1.StepOutputs.stats:type_name -> dpnode.v1.EngineStats
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	10, // 0: dpnode.v1.SamplingParams.logit_bias:type_name -> dpnode.v1.SamplingParams.LogitBiasEntry
+	1,  // 1: dpnode.v1.AddRequest.sampling:type_name -> dpnode.v1.SamplingParams
+	0,  // 2: dpnode.v1.RequestOutput.finish_reason:type_name -> dpnode.v1.FinishReason
+	4,  // 3: dpnode.v1.StepOutputs.outputs:type_name -> dpnode.v1.RequestOutput
+	6,  // 4: dpnode.v1.StepOutputs.stats:type_name -> dpnode.v1.EngineStats
+	5,  // [5:5] is the sub-list for method output_type
+	5,  // [5:5] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_engine_proto_init() }
@@ -974,7 +1028,7 @@ func file_dpnode_v1_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpnode_v1_engine_proto_rawDesc), len(file_dpnode_v1_engine_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

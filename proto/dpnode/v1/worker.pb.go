@@ -1029,8 +1029,23 @@ type SampleParams struct {
 	// Tokens that must not be sampled: before min_tokens, the model's end
 	// tokens and the request's stop tokens.
 	BannedTokenIds []uint32 `protobuf:"varint,5,rep,packed,name=banned_token_ids,json=bannedTokenIds,proto3" json:"banned_token_ids,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// vLLM's penalties (0, 0 and 0 or 1 are off), counted over the
+	// sequence's history.
+	PresencePenalty   float32 `protobuf:"fixed32,6,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`
+	FrequencyPenalty  float32 `protobuf:"fixed32,7,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`
+	RepetitionPenalty float32 `protobuf:"fixed32,8,opt,name=repetition_penalty,json=repetitionPenalty,proto3" json:"repetition_penalty,omitempty"`
+	// 0 is off.
+	MinP float32 `protobuf:"fixed32,9,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
+	// Added to the logits of their tokens, pairwise.
+	LogitBiasTokenIds []uint32  `protobuf:"varint,10,rep,packed,name=logit_bias_token_ids,json=logitBiasTokenIds,proto3" json:"logit_bias_token_ids,omitempty"`
+	LogitBiasValues   []float32 `protobuf:"fixed32,11,rep,packed,name=logit_bias_values,json=logitBiasValues,proto3" json:"logit_bias_values,omitempty"`
+	// The history the penalties count, when the worker may not have it: the
+	// request is new to the sequence, or its outputs are not all the ones
+	// the sequence drew (it moved, or was computed again). Without it the
+	// sequence's own history goes on, with the token it draws added.
+	History       *PenaltyHistory `protobuf:"bytes,12,opt,name=history,proto3" json:"history,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SampleParams) Reset() {
@@ -1098,6 +1113,108 @@ func (x *SampleParams) GetBannedTokenIds() []uint32 {
 	return nil
 }
 
+func (x *SampleParams) GetPresencePenalty() float32 {
+	if x != nil {
+		return x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *SampleParams) GetFrequencyPenalty() float32 {
+	if x != nil {
+		return x.FrequencyPenalty
+	}
+	return 0
+}
+
+func (x *SampleParams) GetRepetitionPenalty() float32 {
+	if x != nil {
+		return x.RepetitionPenalty
+	}
+	return 0
+}
+
+func (x *SampleParams) GetMinP() float32 {
+	if x != nil {
+		return x.MinP
+	}
+	return 0
+}
+
+func (x *SampleParams) GetLogitBiasTokenIds() []uint32 {
+	if x != nil {
+		return x.LogitBiasTokenIds
+	}
+	return nil
+}
+
+func (x *SampleParams) GetLogitBiasValues() []float32 {
+	if x != nil {
+		return x.LogitBiasValues
+	}
+	return nil
+}
+
+func (x *SampleParams) GetHistory() *PenaltyHistory {
+	if x != nil {
+		return x.History
+	}
+	return nil
+}
+
+// PenaltyHistory is a request's tokens so far.
+type PenaltyHistory struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Prompt        []uint32               `protobuf:"varint,1,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	Output        []uint32               `protobuf:"varint,2,rep,packed,name=output,proto3" json:"output,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PenaltyHistory) Reset() {
+	*x = PenaltyHistory{}
+	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PenaltyHistory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PenaltyHistory) ProtoMessage() {}
+
+func (x *PenaltyHistory) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PenaltyHistory.ProtoReflect.Descriptor instead.
+func (*PenaltyHistory) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PenaltyHistory) GetPrompt() []uint32 {
+	if x != nil {
+		return x.Prompt
+	}
+	return nil
+}
+
+func (x *PenaltyHistory) GetOutput() []uint32 {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
 type StepDone struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One token per sequence that sampled, in order.
@@ -1125,7 +1242,7 @@ type StepDone struct {
 
 func (x *StepDone) Reset() {
 	*x = StepDone{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1137,7 +1254,7 @@ func (x *StepDone) String() string {
 func (*StepDone) ProtoMessage() {}
 
 func (x *StepDone) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1150,7 +1267,7 @@ func (x *StepDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepDone.ProtoReflect.Descriptor instead.
 func (*StepDone) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{10}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StepDone) GetTokens() []uint32 {
@@ -1215,7 +1332,7 @@ type TokenizeText struct {
 
 func (x *TokenizeText) Reset() {
 	*x = TokenizeText{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1227,7 +1344,7 @@ func (x *TokenizeText) String() string {
 func (*TokenizeText) ProtoMessage() {}
 
 func (x *TokenizeText) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1240,7 +1357,7 @@ func (x *TokenizeText) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenizeText.ProtoReflect.Descriptor instead.
 func (*TokenizeText) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{11}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TokenizeText) GetText() string {
@@ -1273,7 +1390,7 @@ type TokenIds struct {
 
 func (x *TokenIds) Reset() {
 	*x = TokenIds{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1402,7 @@ func (x *TokenIds) String() string {
 func (*TokenIds) ProtoMessage() {}
 
 func (x *TokenIds) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1415,7 @@ func (x *TokenIds) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenIds.ProtoReflect.Descriptor instead.
 func (*TokenIds) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{12}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TokenIds) GetIds() []uint32 {
@@ -1316,7 +1433,7 @@ type GetVocabulary struct {
 
 func (x *GetVocabulary) Reset() {
 	*x = GetVocabulary{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1328,7 +1445,7 @@ func (x *GetVocabulary) String() string {
 func (*GetVocabulary) ProtoMessage() {}
 
 func (x *GetVocabulary) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1341,7 +1458,7 @@ func (x *GetVocabulary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVocabulary.ProtoReflect.Descriptor instead.
 func (*GetVocabulary) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{13}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{14}
 }
 
 // Vocabulary gives every token's text as generated output shows it: the
@@ -1357,7 +1474,7 @@ type Vocabulary struct {
 
 func (x *Vocabulary) Reset() {
 	*x = Vocabulary{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1369,7 +1486,7 @@ func (x *Vocabulary) String() string {
 func (*Vocabulary) ProtoMessage() {}
 
 func (x *Vocabulary) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1382,7 +1499,7 @@ func (x *Vocabulary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Vocabulary.ProtoReflect.Descriptor instead.
 func (*Vocabulary) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{14}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Vocabulary) GetPieces() []byte {
@@ -1408,7 +1525,7 @@ type WorkerError struct {
 
 func (x *WorkerError) Reset() {
 	*x = WorkerError{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1537,7 @@ func (x *WorkerError) String() string {
 func (*WorkerError) ProtoMessage() {}
 
 func (x *WorkerError) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1550,7 @@ func (x *WorkerError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerError.ProtoReflect.Descriptor instead.
 func (*WorkerError) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{15}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *WorkerError) GetMessage() string {
@@ -1528,13 +1645,24 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x12\x10\n" +
 	"\x03pos\x18\x02 \x01(\x05R\x03pos\x12\x16\n" +
 	"\x06tokens\x18\x03 \x03(\rR\x06tokens\x12/\n" +
-	"\x06sample\x18\x04 \x01(\v2\x17.dpnode.v1.SampleParamsR\x06sample\"\x98\x01\n" +
+	"\x06sample\x18\x04 \x01(\v2\x17.dpnode.v1.SampleParamsR\x06sample\"\xc6\x03\n" +
 	"\fSampleParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x13\n" +
 	"\x05top_k\x18\x03 \x01(\x05R\x04topK\x12\x12\n" +
 	"\x04seed\x18\x04 \x01(\x04R\x04seed\x12(\n" +
-	"\x10banned_token_ids\x18\x05 \x03(\rR\x0ebannedTokenIds\"\xf7\x01\n" +
+	"\x10banned_token_ids\x18\x05 \x03(\rR\x0ebannedTokenIds\x12)\n" +
+	"\x10presence_penalty\x18\x06 \x01(\x02R\x0fpresencePenalty\x12+\n" +
+	"\x11frequency_penalty\x18\a \x01(\x02R\x10frequencyPenalty\x12-\n" +
+	"\x12repetition_penalty\x18\b \x01(\x02R\x11repetitionPenalty\x12\x13\n" +
+	"\x05min_p\x18\t \x01(\x02R\x04minP\x12/\n" +
+	"\x14logit_bias_token_ids\x18\n" +
+	" \x03(\rR\x11logitBiasTokenIds\x12*\n" +
+	"\x11logit_bias_values\x18\v \x03(\x02R\x0flogitBiasValues\x123\n" +
+	"\ahistory\x18\f \x01(\v2\x19.dpnode.v1.PenaltyHistoryR\ahistory\"@\n" +
+	"\x0ePenaltyHistory\x12\x16\n" +
+	"\x06prompt\x18\x01 \x03(\rR\x06prompt\x12\x16\n" +
+	"\x06output\x18\x02 \x03(\rR\x06output\"\xf7\x01\n" +
 	"\bStepDone\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x12'\n" +
 	"\x0fcomputed_tokens\x18\x02 \x01(\rR\x0ecomputedTokens\x12#\n" +
@@ -1577,47 +1705,49 @@ func file_dpnode_v1_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_dpnode_v1_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_dpnode_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_dpnode_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_dpnode_v1_worker_proto_goTypes = []any{
-	(GreedyInGraph)(0),    // 0: dpnode.v1.GreedyInGraph
-	(*WorkerRequest)(nil), // 1: dpnode.v1.WorkerRequest
-	(*WorkerReply)(nil),   // 2: dpnode.v1.WorkerReply
-	(*LoadModel)(nil),     // 3: dpnode.v1.LoadModel
-	(*ModelReady)(nil),    // 4: dpnode.v1.ModelReady
-	(*ExecuteStep)(nil),   // 5: dpnode.v1.ExecuteStep
-	(*KVOp)(nil),          // 6: dpnode.v1.KVOp
-	(*KVCopy)(nil),        // 7: dpnode.v1.KVCopy
-	(*KVRemove)(nil),      // 8: dpnode.v1.KVRemove
-	(*StepSequence)(nil),  // 9: dpnode.v1.StepSequence
-	(*SampleParams)(nil),  // 10: dpnode.v1.SampleParams
-	(*StepDone)(nil),      // 11: dpnode.v1.StepDone
-	(*TokenizeText)(nil),  // 12: dpnode.v1.TokenizeText
-	(*TokenIds)(nil),      // 13: dpnode.v1.TokenIds
-	(*GetVocabulary)(nil), // 14: dpnode.v1.GetVocabulary
-	(*Vocabulary)(nil),    // 15: dpnode.v1.Vocabulary
-	(*WorkerError)(nil),   // 16: dpnode.v1.WorkerError
+	(GreedyInGraph)(0),     // 0: dpnode.v1.GreedyInGraph
+	(*WorkerRequest)(nil),  // 1: dpnode.v1.WorkerRequest
+	(*WorkerReply)(nil),    // 2: dpnode.v1.WorkerReply
+	(*LoadModel)(nil),      // 3: dpnode.v1.LoadModel
+	(*ModelReady)(nil),     // 4: dpnode.v1.ModelReady
+	(*ExecuteStep)(nil),    // 5: dpnode.v1.ExecuteStep
+	(*KVOp)(nil),           // 6: dpnode.v1.KVOp
+	(*KVCopy)(nil),         // 7: dpnode.v1.KVCopy
+	(*KVRemove)(nil),       // 8: dpnode.v1.KVRemove
+	(*StepSequence)(nil),   // 9: dpnode.v1.StepSequence
+	(*SampleParams)(nil),   // 10: dpnode.v1.SampleParams
+	(*PenaltyHistory)(nil), // 11: dpnode.v1.PenaltyHistory
+	(*StepDone)(nil),       // 12: dpnode.v1.StepDone
+	(*TokenizeText)(nil),   // 13: dpnode.v1.TokenizeText
+	(*TokenIds)(nil),       // 14: dpnode.v1.TokenIds
+	(*GetVocabulary)(nil),  // 15: dpnode.v1.GetVocabulary
+	(*Vocabulary)(nil),     // 16: dpnode.v1.Vocabulary
+	(*WorkerError)(nil),    // 17: dpnode.v1.WorkerError
 }
 var file_dpnode_v1_worker_proto_depIdxs = []int32{
 	3,  // 0: dpnode.v1.WorkerRequest.load:type_name -> dpnode.v1.LoadModel
 	5,  // 1: dpnode.v1.WorkerRequest.step:type_name -> dpnode.v1.ExecuteStep
-	12, // 2: dpnode.v1.WorkerRequest.tokenize:type_name -> dpnode.v1.TokenizeText
-	14, // 3: dpnode.v1.WorkerRequest.vocabulary:type_name -> dpnode.v1.GetVocabulary
+	13, // 2: dpnode.v1.WorkerRequest.tokenize:type_name -> dpnode.v1.TokenizeText
+	15, // 3: dpnode.v1.WorkerRequest.vocabulary:type_name -> dpnode.v1.GetVocabulary
 	4,  // 4: dpnode.v1.WorkerReply.ready:type_name -> dpnode.v1.ModelReady
-	11, // 5: dpnode.v1.WorkerReply.step:type_name -> dpnode.v1.StepDone
-	13, // 6: dpnode.v1.WorkerReply.tokens:type_name -> dpnode.v1.TokenIds
-	15, // 7: dpnode.v1.WorkerReply.vocabulary:type_name -> dpnode.v1.Vocabulary
-	16, // 8: dpnode.v1.WorkerReply.error:type_name -> dpnode.v1.WorkerError
+	12, // 5: dpnode.v1.WorkerReply.step:type_name -> dpnode.v1.StepDone
+	14, // 6: dpnode.v1.WorkerReply.tokens:type_name -> dpnode.v1.TokenIds
+	16, // 7: dpnode.v1.WorkerReply.vocabulary:type_name -> dpnode.v1.Vocabulary
+	17, // 8: dpnode.v1.WorkerReply.error:type_name -> dpnode.v1.WorkerError
 	0,  // 9: dpnode.v1.LoadModel.greedy_in_graph:type_name -> dpnode.v1.GreedyInGraph
 	6,  // 10: dpnode.v1.ExecuteStep.ops:type_name -> dpnode.v1.KVOp
 	9,  // 11: dpnode.v1.ExecuteStep.sequences:type_name -> dpnode.v1.StepSequence
 	7,  // 12: dpnode.v1.KVOp.copy:type_name -> dpnode.v1.KVCopy
 	8,  // 13: dpnode.v1.KVOp.remove:type_name -> dpnode.v1.KVRemove
 	10, // 14: dpnode.v1.StepSequence.sample:type_name -> dpnode.v1.SampleParams
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	11, // 15: dpnode.v1.SampleParams.history:type_name -> dpnode.v1.PenaltyHistory
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_worker_proto_init() }
@@ -1648,7 +1778,7 @@ func file_dpnode_v1_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpnode_v1_worker_proto_rawDesc), len(file_dpnode_v1_worker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -171,10 +171,12 @@ type call struct {
 	// dispatchedAt is when the call was last sent to its rank.
 	dispatchedAt time.Time
 	output       []uint32
-	firstAt      time.Time
-	lastAt       time.Time
-	parkedAt     time.Time
-	moves        int
+	// logprobs are output's log-probabilities, kept for a Whole call.
+	logprobs []*engine.TokenLogprobs
+	firstAt  time.Time
+	lastAt   time.Time
+	parkedAt time.Time
+	moves    int
 	// placing describes the request to the policy; made at its first pick.
 	placing *dp.Request
 	// cached is what the last pick expected the rank to hold of the
@@ -584,6 +586,9 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			}
 			c.lastAt = now
 			c.output = append(c.output, o.NewTokenIds...)
+			if c.sub.Whole && len(o.Logprobs) > 0 {
+				c.logprobs = append(c.logprobs, o.Logprobs...)
+			}
 			r.metrics.generation.Add(float64(n))
 		}
 		if c.moves == 0 && o.NumCachedTokens != 0 {
@@ -591,7 +596,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			// generated before; the client's prompt hit was the first.
 			c.promptHit = int(o.NumCachedTokens)
 		}
-		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, Rank: r.rank, NumCachedTokens: c.promptHit}
+		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, Rank: r.rank, NumCachedTokens: c.promptHit, Logprobs: o.Logprobs}
 		switch o.FinishReason {
 		case engine.NotFinished:
 			if !c.sub.Whole {
@@ -605,7 +610,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 		delete(a.calls, c.sub.ID)
 		a.release(c)
 		if c.sub.Whole {
-			ev.Tokens = c.output
+			ev.Tokens, ev.Logprobs = c.output, c.logprobs
 		}
 		c.sub.Stream.push(ev)
 	}

@@ -458,6 +458,7 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 		ro := &slab[i]
 		ro.RequestId, ro.NewTokenIds, ro.FinishReason = o.ID, o.NewTokens, o.Finish
 		ro.NumCachedTokens, ro.Attempt = uint32(o.NumCachedTokens), o.Attempt
+		ro.Logprobs = o.Logprobs
 		clients[k].outputs = append(clients[k].outputs, ro)
 	}
 	e.reportStats(ctx, clients)
@@ -550,6 +551,8 @@ func samplingFromWire(s *dpnodev1.SamplingParams) engine.SamplingParams {
 		RepetitionPenalty: s.RepetitionPenalty,
 		MinP:              s.MinP,
 		LogitBias:         s.LogitBias,
+		Logprobs:          s.Logprobs,
+		TopLogprobs:       int(s.TopLogprobs),
 	}
 }
 
@@ -569,6 +572,8 @@ func samplingToWire(s engine.SamplingParams) *dpnodev1.SamplingParams {
 		RepetitionPenalty: s.RepetitionPenalty,
 		MinP:              s.MinP,
 		LogitBias:         s.LogitBias,
+		Logprobs:          s.Logprobs,
+		TopLogprobs:       int32(s.TopLogprobs),
 	}
 }
 

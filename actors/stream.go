@@ -22,6 +22,8 @@ type Event struct {
 	NumCachedTokens int
 	// Rank served the tokens.
 	Rank int
+	// Logprobs are Tokens' log-probabilities, when the request asked.
+	Logprobs []*engine.TokenLogprobs
 }
 
 // Stream is the queue between the API server actor, which pushes a call's

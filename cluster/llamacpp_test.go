@@ -12,9 +12,11 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -643,4 +645,146 @@ func TestLlamaCppInternalModeAcrossProcesses(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestLlamaCppLogprobs: through the OpenAI SDK, a greedy chat's tokens
+// carry log-probabilities, each the largest of its alternatives, which
+// come most likely first; a completion's are the same numbers in the
+// legacy shape, streamed as whole; a drawn token is among the likely.
+func TestLlamaCppLogprobs(t *testing.T) {
+	n := startLlamaNode(t)
+	client := openai.NewClient(option.WithBaseURL(n.base+"/v1"), option.WithAPIKey("none"), option.WithHTTPClient(n.http), option.WithMaxRetries(0))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	model := llamacpptest.Model(t)
+	chat, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:       openai.ChatModel(model),
+		Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")},
+		MaxTokens:   openai.Int(12),
+		Temperature: openai.Float(0),
+		Logprobs:    openai.Bool(true),
+		TopLogprobs: openai.Int(3),
+	}, option.WithJSONSet("ignore_eos", true), option.WithJSONSet("return_token_ids", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := chat.Choices[0].Logprobs.Content
+	if len(content) != 12 {
+		t.Fatalf("%d tokens with log-probabilities, want 12", len(content))
+	}
+	var text strings.Builder
+	for i, c := range content {
+		if len(c.TopLogprobs) != 3 || c.Logprob > 0 || c.Logprob < -30 {
+			t.Fatalf("token %d: %+v", i, c)
+		}
+		mass := math.Exp(c.TopLogprobs[0].Logprob)
+		for j := 1; j < 3; j++ {
+			if c.TopLogprobs[j].Logprob > c.TopLogprobs[j-1].Logprob {
+				t.Fatalf("token %d: alternatives out of order: %+v", i, c.TopLogprobs)
+			}
+			mass += math.Exp(c.TopLogprobs[j].Logprob)
+		}
+		// A distribution: three tokens' probabilities sum to at most 1.
+		if mass > 1+1e-5 {
+			t.Fatalf("token %d: the three most likely have probability %v", i, mass)
+		}
+		// Greedy: the drawn token is the most likely.
+		if c.TopLogprobs[0].Token != c.Token || math.Abs(c.TopLogprobs[0].Logprob-c.Logprob) > 1e-6 {
+			t.Fatalf("token %d: drew %q (%v), the most likely is %q (%v)", i, c.Token, c.Logprob, c.TopLogprobs[0].Token, c.TopLogprobs[0].Logprob)
+		}
+		text.WriteString(c.Token)
+	}
+	if text.String() != chat.Choices[0].Message.Content {
+		t.Fatalf("the tokens' texts %q, the message %q", text.String(), chat.Choices[0].Message.Content)
+	}
+
+	// The same prompt's tokens as a completion, whole and streamed.
+	var ids struct {
+		PromptTokenIDs []uint32 `json:"prompt_token_ids"`
+	}
+	if err := json.Unmarshal([]byte(chat.RawJSON()), &ids); err != nil || len(ids.PromptTokenIDs) == 0 {
+		t.Fatalf("prompt token ids: %v", err)
+	}
+	complete := func(stream bool) completionLogprobsOf {
+		t.Helper()
+		body, _ := json.Marshal(map[string]any{"prompt": ids.PromptTokenIDs, "max_tokens": 12, "temperature": 0, "ignore_eos": true,
+			"logprobs": 2, "stream": stream})
+		resp, err := n.http.Post(n.base+"/v1/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var all completionLogprobsOf
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if stream {
+				var ok bool
+				if line, ok = strings.CutPrefix(line, "data: "); !ok || line == "[DONE]" {
+					continue
+				}
+			}
+			var c struct {
+				Choices []struct {
+					Logprobs *completionLogprobsOf `json:"logprobs"`
+				} `json:"choices"`
+			}
+			if err := json.Unmarshal([]byte(line), &c); err != nil {
+				t.Fatalf("%v: %s", err, line)
+			}
+			for _, ch := range c.Choices {
+				if ch.Logprobs != nil {
+					all.Tokens = append(all.Tokens, ch.Logprobs.Tokens...)
+					all.TokenLogprobs = append(all.TokenLogprobs, ch.Logprobs.TokenLogprobs...)
+					all.TopLogprobs = append(all.TopLogprobs, ch.Logprobs.TopLogprobs...)
+					all.TextOffset = append(all.TextOffset, ch.Logprobs.TextOffset...)
+				}
+			}
+		}
+		return all
+	}
+	whole, streamed := complete(false), complete(true)
+	if !reflect.DeepEqual(whole, streamed) {
+		t.Fatalf("whole %+v\nstreamed %+v", whole, streamed)
+	}
+	offset := 0
+	for i, c := range content {
+		if whole.Tokens[i] != c.Token || math.Abs(float64(whole.TokenLogprobs[i])-c.Logprob) > 1e-6 || whole.TextOffset[i] != offset {
+			t.Fatalf("completion token %d: %q %v at %d; chat %q %v", i, whole.Tokens[i], whole.TokenLogprobs[i], whole.TextOffset[i], c.Token, c.Logprob)
+		}
+		// The two most likely, and the drawn one, which is one of them.
+		if top := whole.TopLogprobs[i]; len(top) != 2 || top[c.Token] != whole.TokenLogprobs[i] {
+			t.Fatalf("completion token %d: alternatives %v", i, top)
+		}
+		offset += len(c.Token)
+	}
+
+	// Drawn at temperature 1: each token is one the model gives a real
+	// chance, and its log-probability is at most the most likely one's.
+	drawn, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
+		Model:       openai.ChatModel(model),
+		Messages:    []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")},
+		MaxTokens:   openai.Int(12),
+		Temperature: openai.Float(1),
+		Seed:        openai.Int(5),
+		Logprobs:    openai.Bool(true),
+		TopLogprobs: openai.Int(1),
+	}, option.WithJSONSet("ignore_eos", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range drawn.Choices[0].Logprobs.Content {
+		if c.Logprob > c.TopLogprobs[0].Logprob+1e-6 || math.IsInf(c.Logprob, 0) {
+			t.Fatalf("drawn token %d: %v, the most likely %v", i, c.Logprob, c.TopLogprobs[0].Logprob)
+		}
+	}
+}
+
+// completionLogprobsOf is the legacy shape of log-probabilities.
+type completionLogprobsOf struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float64            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
 }

@@ -136,6 +136,9 @@ type StepResult struct {
 	// Phases split Duration where the executor can tell; zero where it
 	// cannot (the simulator).
 	Phases StepPhases
+	// Logprobs[i], when the slice is not nil, is the log-probabilities of
+	// Tokens[i], for a request that asked (Sampling.Logprobs).
+	Logprobs []*TokenLogprobs
 }
 
 // StepPhases are the parts of an executor's step, so that the next

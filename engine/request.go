@@ -42,7 +42,19 @@ type SamplingParams struct {
 	PresencePenalty, FrequencyPenalty, RepetitionPenalty float32
 	MinP                                                 float32
 	LogitBias                                            map[uint32]float32
+	// Logprobs asks for each token's log-probability under the model's raw
+	// logits, and those of the TopLogprobs most likely tokens (at most
+	// MaxTopLogprobs). The simulated executor gives none.
+	Logprobs    bool
+	TopLogprobs int
 }
+
+// MaxTopLogprobs bounds SamplingParams.TopLogprobs, as OpenAI's API does.
+const MaxTopLogprobs = 20
+
+// TokenLogprobs is a drawn token's log-probability and the most likely
+// tokens' (the wire's form, which outputs carry as they are).
+type TokenLogprobs = dpnodev1.TokenLogprobs
 
 // Penalized reports whether a penalty is on: the executor needs the
 // request's tokens to draw.

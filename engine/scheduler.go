@@ -131,6 +131,8 @@ type Output struct {
 	NumCachedTokens int
 	// First marks the request's first output from this engine.
 	First bool
+	// Logprobs are NewTokens' log-probabilities, when the request asked.
+	Logprobs []*TokenLogprobs
 }
 
 // Stats is an engine's load after a step.
@@ -589,6 +591,9 @@ func (s *Scheduler) AppendUpdate(outs []Output, batch *Batch, res StepResult) []
 			continue
 		}
 		out := Output{ID: req.id, Client: req.client, Attempt: req.attempt, NewTokens: newTokens[i : i+1 : i+1], Finish: s.finishes[i]}
+		if req.sampling.Logprobs && res.Logprobs != nil && res.Logprobs[i] != nil {
+			out.Logprobs = res.Logprobs[i : i+1 : i+1]
+		}
 		if !req.reportedFirst {
 			req.reportedFirst = true
 			out.First = true

@@ -522,7 +522,8 @@ func TestStopFinishesCountAsSuccess(t *testing.T) {
 	words := strings.Fields(full.Choices[0].Text)
 	stop := " " + words[3]
 	status, body = ts.post(t, "/v1/completions", fmt.Sprintf(`{"prompt":"count the words","max_tokens":30,"ignore_eos":true,"stop":[%q]}`, stop), nil)
-	if status != 200 || !strings.Contains(string(body), `"finish_reason":"stop"`) {
+	// vLLM's stop_reason names the stop string.
+	if want, _ := json.Marshal(stop); status != 200 || !strings.Contains(string(body), `"finish_reason":"stop","stop_reason":`+string(want)) {
 		t.Fatalf("%d %s", status, body)
 	}
 	eventually(t, "the stop-string finish is counted as stop", func() bool {
@@ -539,6 +540,7 @@ func TestStopFinishesCountAsSuccess(t *testing.T) {
 		Choices []struct {
 			Text         string `json:"text"`
 			FinishReason string `json:"finish_reason"`
+			StopReason   any    `json:"stop_reason"`
 		} `json:"choices"`
 		Usage struct {
 			CompletionTokens int `json:"completion_tokens"`
@@ -546,7 +548,8 @@ func TestStopFinishesCountAsSuccess(t *testing.T) {
 	}
 	json.Unmarshal(body, &got)
 	want := full.Choices[0].Text[:strings.Index(full.Choices[0].Text, stop)]
-	if status != 200 || got.Choices[0].Text != want || got.Choices[0].FinishReason != "stop" || got.Usage.CompletionTokens != len(tok.Tokens(want))+1 {
+	if status != 200 || got.Choices[0].Text != want || got.Choices[0].FinishReason != "stop" || got.Usage.CompletionTokens != len(tok.Tokens(want))+1 ||
+		got.Choices[0].StopReason != float64(stopID) {
 		t.Fatalf("stop token %d (%q): %d %+v; want text %q and the stop token counted", stopID, stop, status, got, want)
 	}
 }

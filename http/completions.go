@@ -55,6 +55,13 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g.echo = req.Echo
+	if req.Logprobs != nil {
+		if req.Echo {
+			writeError(w, badRequest("logprobs with echo asks for the prompt's log-probabilities, which this server does not compute", "logprobs"))
+			return
+		}
+		g.askLogprobs(*req.Logprobs)
+	}
 	s.generate(w, r, g)
 }
 
@@ -78,6 +85,17 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	g, e := s.spec(r, true, &req.commonParams, []promptInput{{text: text, tokens: tokens}})
 	if e != nil {
 		writeError(w, e)
+		return
+	}
+	switch {
+	case req.Logprobs:
+		top := 0
+		if req.TopLogprobs != nil {
+			top = *req.TopLogprobs
+		}
+		g.askLogprobs(top)
+	case req.TopLogprobs != nil && *req.TopLogprobs > 0:
+		writeError(w, badRequest("top_logprobs needs logprobs set to true", "top_logprobs"))
 		return
 	}
 	s.generate(w, r, g)

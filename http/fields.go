@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/dpnode/dpnode/engine"
 )
 
 // Every field a client may send is in one of the tables below, and each
@@ -51,6 +53,9 @@ type fieldRule struct {
 	// neutral reports a value that asks for nothing, which a refused field
 	// accepts; nil accepts null only.
 	neutral func(v []byte) bool
+	// simRefuses marks a field applied by the llama.cpp engine that the
+	// simulated one cannot honour: a 400 there unless neutral.
+	simRefuses bool
 	// check, when not nil, validates any value: it returns what is wrong,
 	// or "".
 	check func(v []byte) string
@@ -67,6 +72,13 @@ func refused(name string, neutral func([]byte) bool, why string) fieldRule {
 
 func noEffect(name, why string) fieldRule { return fieldRule{name: name, use: fieldNoEffect, why: why} }
 
+// notSimulated returns r refused under the simulated engine, with why,
+// unless neutral.
+func (r fieldRule) notSimulated(neutral func([]byte) bool, why string) fieldRule {
+	r.simRefuses, r.neutral, r.why = true, neutral, why
+	return r
+}
+
 // withCheck returns r with a check of its values.
 func (r fieldRule) withCheck(check func(v []byte) string) fieldRule {
 	r.check = check
@@ -74,7 +86,7 @@ func (r fieldRule) withCheck(check func(v []byte) string) fieldRule {
 }
 
 const (
-	whyLogprobs   = "log-probabilities are not computed by this server"
+	whyLogprobs   = "log-probabilities of the prompt are not computed by this server"
 	whyTools      = "tool calling is not supported by this server"
 	whyStructured = "structured output (a grammar or a schema) is not supported by this server"
 	whyOpenAIOnly = "it asks for a service of OpenAI's platform that this server does not have"
@@ -126,8 +138,8 @@ var commonFieldRules = []fieldRule{
 var chatFieldRules = []fieldRule{
 	applied("messages"),
 	applied("max_completion_tokens"),
-	refused("logprobs", nullOrBool(false), whyLogprobs),
-	refused("top_logprobs", nullOrNumber(0), whyLogprobs).withCheck(integerFromTo(0, 20)),
+	applied("logprobs").notSimulated(nullOrBool(false), "it computes no log-probabilities"),
+	applied("top_logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(nullOrNumber(0), "it computes no log-probabilities"),
 	refused("tools", nullOrEmpty, whyTools),
 	refused("tool_choice", nullOrString("none", "auto"), whyTools),
 	// Without tools, which are refused, it asks for nothing.
@@ -162,7 +174,7 @@ var chatFieldRules = []fieldRule{
 var completionFieldRules = []fieldRule{
 	applied("prompt"),
 	applied("echo"),
-	refused("logprobs", isNull, whyLogprobs).withCheck(integerFromTo(0, 20)),
+	applied("logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(isNull, "it computes no log-probabilities"),
 	refused("best_of", nullOrNumber(1), "best_of above 1 is not supported, as in vLLM's V1 engine").withCheck(integerFromTo(1, maxChoices)),
 	refused("suffix", nullOrEmpty, "insertion (a suffix) is not supported by this server"),
 	refused("add_special_tokens", nullOrBool(true), "a text prompt always gets the model's start token"),
@@ -316,7 +328,8 @@ func (s *Server) checkField(table *fieldTable, at fieldPath, key, val []byte) (*
 			return r, badRequest(param+" "+msg, param)
 		}
 	}
-	if r.use != fieldRefused || isNull(val) || (r.neutral != nil && r.neutral(val)) {
+	refuse := r.use == fieldRefused || (r.simRefuses && s.cfg.SimulatedEngine)
+	if !refuse || isNull(val) || (r.neutral != nil && r.neutral(val)) {
 		return r, nil
 	}
 	param := at.join(r.name)

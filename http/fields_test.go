@@ -279,7 +279,7 @@ func TestEveryRefusedFieldIsRefusedByName(t *testing.T) {
 		s := newFieldServer(t, simulated, nil)
 		for _, table := range []*fieldTable{chatFields, completionFields, messageFields, streamOptFields} {
 			for name, r := range table.rules {
-				if r.use != fieldRefused {
+				if r.use != fieldRefused && !(simulated && r.simRefuses) {
 					continue
 				}
 				neutral, ok := neutralSamples[table.where+":"+name]
@@ -357,14 +357,24 @@ func TestMessagePathsNameTheMessage(t *testing.T) {
 	if param, _ := errorParam(t, rec); rec.Code != 400 || param != "messages[1].tool_calls" {
 		t.Fatalf("%d %s", rec.Code, rec.Body)
 	}
+	// Log-probabilities need logprobs set, and are not the prompt's.
+	for path, body := range map[string]string{
+		"/v1/chat/completions": `{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}`,
+		"/v1/completions":      `{"prompt":"x","echo":true,"logprobs":1}`,
+	} {
+		rec := postField(s, path, body)
+		if param, _ := errorParam(t, rec); rec.Code != 400 || !strings.Contains(param, "logprobs") {
+			t.Fatalf("%s: %d %s", body, rec.Code, rec.Body)
+		}
+	}
 	// Escaped and differently cased keys are the fields encoding/json
 	// reads them as.
 	for _, body := range []string{
-		`{"messages":[{"role":"user","content":"x"}],"\u006cogprobs":true}`,
-		`{"messages":[{"role":"user","content":"x"}],"LogProbs":true}`,
+		`{"messages":[{"role":"user","content":"x"}],"\u0074ools":[{"type":"function"}]}`,
+		`{"messages":[{"role":"user","content":"x"}],"Tools":[{"type":"function"}]}`,
 	} {
 		rec := postField(s, "/v1/chat/completions", body)
-		if param, _ := errorParam(t, rec); rec.Code != 400 || param != "logprobs" {
+		if param, _ := errorParam(t, rec); rec.Code != 400 || param != "tools" {
 			t.Fatalf("%s: %d %s", body, rec.Code, rec.Body)
 		}
 	}

@@ -39,6 +39,18 @@ type genSpec struct {
 	tokenIDs     bool
 	rank         int
 	cacheSalt    string
+	// logprobs: each token's log-probability and topLogprobs more.
+	logprobs    bool
+	topLogprobs int
+}
+
+// askLogprobs asks every request of g for log-probabilities, with top more
+// likely tokens each.
+func (g *genSpec) askLogprobs(top int) {
+	g.logprobs, g.topLogprobs = true, top
+	for i := range g.sampling {
+		g.sampling[i].Logprobs, g.sampling[i].TopLogprobs = true, top
+	}
 }
 
 func newID(prefix string) string { return prefix + "-" + strings.ToLower(rand.Text()) }
@@ -176,16 +188,25 @@ type choice struct {
 	// still turn out to be the start of a stop string is sent.
 	sent   int
 	tokens int
-	// ids are the tokens generated, kept for return_token_ids only;
-	// ids[idsSent:] are not yet streamed.
+	// ids are the tokens generated, kept for return_token_ids and
+	// logprobs only; ids[idsSent:] are not yet streamed.
 	ids     []uint32
 	idsSent int
+	// lps are the tokens' log-probabilities, when asked; lps[lpsSent:]
+	// are not yet streamed, and textOffset is where the next one's text
+	// starts.
+	lps        []*engine.TokenLogprobs
+	lpsSent    int
+	textOffset int
 	// rank served the latest tokens; -1 before the first.
 	rank int
 	// cached counts the prompt tokens found in the prefix cache.
 	cached int
 	finish string
-	done   bool
+	// stopReason is vLLM's: the stop string or stop token id that ended
+	// the choice; nil for an end-of-sequence token or another finish.
+	stopReason any
+	done       bool
 	// started and finishSent track what a stream has told the client.
 	started, finishSent bool
 }
@@ -199,19 +220,20 @@ func (c *choice) addText(delta string, stops []string, includeStop bool) bool {
 	}
 	from := max(0, len(c.text)-longest+1)
 	c.text = append(c.text, delta...)
-	at, n := -1, 0
+	at, matched := -1, ""
 	for _, s := range stops {
 		if i := bytes.Index(c.text[from:], []byte(s)); i >= 0 && (at < 0 || from+i < at) {
-			at, n = from+i, len(s)
+			at, matched = from+i, s
 		}
 	}
 	if at < 0 {
 		return false
 	}
 	if includeStop {
-		at += n
+		at += len(matched)
 	}
 	c.text = c.text[:at]
+	c.stopReason = matched
 	return true
 }
 
@@ -347,8 +369,11 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 				return
 			}
 			c.tokens += len(ev.Tokens)
-			if g.tokenIDs {
+			if g.tokenIDs || g.logprobs {
 				c.ids = append(c.ids, ev.Tokens...)
+			}
+			if g.logprobs {
+				c.lps = append(c.lps, ev.Logprobs...)
 			}
 			if len(ev.Tokens) > 0 {
 				c.rank = ev.Rank
@@ -361,7 +386,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 				slices.Contains(g.sampling[c.prompt].StopTokenIDs, text[n-1]) {
 				// A stop token ends the text without being part of it
 				// (it still counts as a completion token).
+				c.stopReason = text[n-1]
 				text = text[:n-1]
+			} else if ev.Finish == engine.FinishedStop && n > 0 && slices.Contains(g.sampling[c.prompt].StopTokenIDs, text[n-1]) {
+				c.stopReason = text[n-1]
 			}
 			reason := ev.Finish
 			if len(text) > 0 && c.addText(s.cfg.Tokenizer.Decode(text), g.stops, g.includeStop) {
@@ -414,9 +442,12 @@ func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u
 			resp.PromptTokenIDs = g.prompts[0].tokens
 		}
 		for i, c := range choices {
-			ch := chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: string(c.text)}, FinishReason: c.finish}
+			ch := chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: string(c.text)}, FinishReason: c.finish, StopReason: c.stopReason}
 			if g.tokenIDs {
 				ch.TokenIDs = c.ids
+			}
+			if g.logprobs {
+				ch.Logprobs = s.chatLogprobs(c)
 			}
 			resp.Choices = append(resp.Choices, ch)
 		}
@@ -429,9 +460,12 @@ func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u
 		if g.echo {
 			text = g.prompts[c.prompt].text + text
 		}
-		ch := completionChoice{Index: i, Text: text, FinishReason: strp(c.finish)}
+		ch := completionChoice{Index: i, Text: text, FinishReason: strp(c.finish), StopReason: c.stopReason}
 		if g.tokenIDs {
 			ch.PromptTokenIDs, ch.TokenIDs = g.prompts[c.prompt].tokens, c.ids
+		}
+		if g.logprobs {
+			ch.Logprobs = s.completionLogprobs(c)
 		}
 		resp.Choices = append(resp.Choices, ch)
 	}
@@ -453,8 +487,9 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 			continue
 		}
 		var finish *string
+		var stopReason any
 		if c.done {
-			finish = strp(c.finish)
+			finish, stopReason = strp(c.finish), c.stopReason
 		}
 		var ids []uint32
 		if g.tokenIDs {
@@ -462,7 +497,10 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 			c.idsSent = len(c.ids)
 		}
 		if g.chat {
-			ch := chatChunkChoice{Index: ev.Index, Delta: chatDelta{Content: &text}, FinishReason: finish, TokenIDs: ids}
+			ch := chatChunkChoice{Index: ev.Index, Delta: chatDelta{Content: &text}, FinishReason: finish, StopReason: stopReason, TokenIDs: ids}
+			if g.logprobs {
+				ch.Logprobs = s.chatLogprobs(c)
+			}
 			if !c.started {
 				ch.Delta.Role = "assistant"
 			}
@@ -471,7 +509,10 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 			if !c.started && g.echo {
 				text = g.prompts[c.prompt].text + text
 			}
-			ch := completionChoice{Index: ev.Index, Text: text, FinishReason: finish, TokenIDs: ids}
+			ch := completionChoice{Index: ev.Index, Text: text, FinishReason: finish, StopReason: stopReason, TokenIDs: ids}
+			if g.logprobs {
+				ch.Logprobs = s.completionLogprobs(c)
+			}
 			if !c.started && g.tokenIDs {
 				ch.PromptTokenIDs = g.prompts[c.prompt].tokens
 			}
@@ -535,4 +576,63 @@ func (o *sseWriter) done() {
 	}
 	o.buf.WriteString("data: [DONE]\n\n")
 	o.flush()
+}
+
+// finiteLogprob is a log-probability JSON can carry: -9999 for -inf, as
+// vLLM writes it.
+func finiteLogprob(x float32) float32 {
+	if x < -9999 || x != x {
+		return -9999
+	}
+	return x
+}
+
+func byteValues(s string) []int {
+	out := make([]int, len(s))
+	for i := range len(s) {
+		out[i] = int(s[i])
+	}
+	return out
+}
+
+// chatLogprobs are the log-probabilities of c's tokens not yet given to
+// the client, in the chat shape.
+func (s *Server) chatLogprobs(c *choice) *chatLogprobs {
+	out := &chatLogprobs{Content: []chatTokenLogprob{}}
+	for i := c.lpsSent; i < len(c.lps) && i < len(c.ids); i++ {
+		lp := c.lps[i]
+		text := s.cfg.Tokenizer.Decode(c.ids[i : i+1])
+		e := chatTokenLogprob{Token: text, Logprob: finiteLogprob(lp.Logprob), Bytes: byteValues(text),
+			TopLogprobs: make([]chatTopLogprob, 0, len(lp.TopTokenIds))}
+		for j, id := range lp.TopTokenIds {
+			t := s.cfg.Tokenizer.Decode([]uint32{id})
+			e.TopLogprobs = append(e.TopLogprobs, chatTopLogprob{Token: t, Logprob: finiteLogprob(lp.TopLogprobs[j]), Bytes: byteValues(t)})
+		}
+		out.Content = append(out.Content, e)
+		c.lpsSent = i + 1
+	}
+	return out
+}
+
+// completionLogprobs are the log-probabilities of c's tokens not yet
+// given to the client, in the completions shape: the top alternatives
+// hold the drawn token too, as vLLM's do.
+func (s *Server) completionLogprobs(c *choice) *completionLogprobs {
+	out := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+	for i := c.lpsSent; i < len(c.lps) && i < len(c.ids); i++ {
+		lp := c.lps[i]
+		text := s.cfg.Tokenizer.Decode(c.ids[i : i+1])
+		out.Tokens = append(out.Tokens, text)
+		out.TokenLogprobs = append(out.TokenLogprobs, finiteLogprob(lp.Logprob))
+		top := make(map[string]float32, len(lp.TopTokenIds)+1)
+		for j, id := range lp.TopTokenIds {
+			top[s.cfg.Tokenizer.Decode([]uint32{id})] = finiteLogprob(lp.TopLogprobs[j])
+		}
+		top[text] = finiteLogprob(lp.Logprob)
+		out.TopLogprobs = append(out.TopLogprobs, top)
+		out.TextOffset = append(out.TextOffset, c.textOffset)
+		c.textOffset += len(text)
+		c.lpsSent = i + 1
+	}
+	return out
 }

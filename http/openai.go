@@ -203,13 +203,16 @@ type chatMessage struct {
 
 type chatRequest struct {
 	commonParams
-	Messages []chatMessage `json:"messages"`
+	Messages    []chatMessage `json:"messages"`
+	Logprobs    bool          `json:"logprobs"`
+	TopLogprobs *int          `json:"top_logprobs"`
 }
 
 type completionRequest struct {
 	commonParams
-	Prompt promptField `json:"prompt"`
-	Echo   bool        `json:"echo"`
+	Prompt   promptField `json:"prompt"`
+	Echo     bool        `json:"echo"`
+	Logprobs *int        `json:"logprobs"`
 }
 
 type usage struct {
@@ -232,9 +235,11 @@ type chatMessageOut struct {
 type chatChoice struct {
 	Index        int            `json:"index"`
 	Message      chatMessageOut `json:"message"`
-	Logprobs     *struct{}      `json:"logprobs"`
+	Logprobs     *chatLogprobs  `json:"logprobs"`
 	FinishReason string         `json:"finish_reason"`
-	TokenIDs     []uint32       `json:"token_ids,omitempty"`
+	// StopReason is vLLM's: the stop string or token id that matched.
+	StopReason any      `json:"stop_reason"`
+	TokenIDs   []uint32 `json:"token_ids,omitempty"`
 }
 
 type chatResponse struct {
@@ -253,11 +258,12 @@ type chatDelta struct {
 }
 
 type chatChunkChoice struct {
-	Index        int       `json:"index"`
-	Delta        chatDelta `json:"delta"`
-	Logprobs     *struct{} `json:"logprobs"`
-	FinishReason *string   `json:"finish_reason"`
-	TokenIDs     []uint32  `json:"token_ids,omitempty"`
+	Index        int           `json:"index"`
+	Delta        chatDelta     `json:"delta"`
+	Logprobs     *chatLogprobs `json:"logprobs"`
+	FinishReason *string       `json:"finish_reason"`
+	StopReason   any           `json:"stop_reason"`
+	TokenIDs     []uint32      `json:"token_ids,omitempty"`
 }
 
 type chatChunk struct {
@@ -270,12 +276,13 @@ type chatChunk struct {
 }
 
 type completionChoice struct {
-	Index          int       `json:"index"`
-	Text           string    `json:"text"`
-	Logprobs       *struct{} `json:"logprobs"`
-	FinishReason   *string   `json:"finish_reason"`
-	PromptTokenIDs []uint32  `json:"prompt_token_ids,omitempty"`
-	TokenIDs       []uint32  `json:"token_ids,omitempty"`
+	Index          int                 `json:"index"`
+	Text           string              `json:"text"`
+	Logprobs       *completionLogprobs `json:"logprobs"`
+	FinishReason   *string             `json:"finish_reason"`
+	StopReason     any                 `json:"stop_reason"`
+	PromptTokenIDs []uint32            `json:"prompt_token_ids,omitempty"`
+	TokenIDs       []uint32            `json:"token_ids,omitempty"`
 }
 
 type completionResponse struct {
@@ -299,4 +306,32 @@ type modelCard struct {
 type modelList struct {
 	Object string      `json:"object"`
 	Data   []modelCard `json:"data"`
+}
+
+// chatLogprobs are a chat choice's log-probabilities, OpenAI's shape.
+type chatLogprobs struct {
+	Content []chatTokenLogprob `json:"content"`
+}
+
+type chatTokenLogprob struct {
+	Token       string           `json:"token"`
+	Logprob     float32          `json:"logprob"`
+	Bytes       []int            `json:"bytes"`
+	TopLogprobs []chatTopLogprob `json:"top_logprobs"`
+}
+
+type chatTopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float32 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+// completionLogprobs are a completion choice's, the legacy shape: each
+// token's text, log-probability, most likely alternatives (the drawn token
+// among them) and offset in the choice's text.
+type completionLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []float32            `json:"token_logprobs"`
+	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
 }

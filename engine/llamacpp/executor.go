@@ -201,6 +201,15 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 			return engine.StepResult{}, fmt.Errorf("llamacpp: the worker sampled %d tokens for a step that samples more", len(done.Tokens))
 		}
 		res.Tokens[i] = done.Tokens[k]
+		if len(done.Logprobs) > 0 {
+			if k >= len(done.Logprobs) {
+				return engine.StepResult{}, fmt.Errorf("llamacpp: the worker gave %d log-probabilities for %d tokens", len(done.Logprobs), len(done.Tokens))
+			}
+			if res.Logprobs == nil {
+				res.Logprobs = make([]*engine.TokenLogprobs, len(b.Requests))
+			}
+			res.Logprobs[i] = done.Logprobs[k]
+		}
 		k++
 	}
 	return res, nil
@@ -225,6 +234,7 @@ func (e *Executor) sampleParams(r *engine.ScheduledRequest) *dpnodev1.SamplePara
 	}
 	p.Seed = SampleSeed(base, r.SampleIndex)
 	p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty, p.MinP = sp.PresencePenalty, sp.FrequencyPenalty, sp.RepetitionPenalty, sp.MinP
+	p.Logprobs, p.TopLogprobs = sp.Logprobs, int32(sp.TopLogprobs)
 	for t, v := range sp.LogitBias {
 		p.LogitBiasTokenIds = append(p.LogitBiasTokenIds, t)
 		p.LogitBiasValues = append(p.LogitBiasValues, v)

@@ -431,3 +431,29 @@ int32_t dpn_sample(float *logits, int32_t n, float temp, int32_t top_k, float to
         return key_index(keys[last]);
     }
 }
+
+float dpn_logsumexp(const float *logits, int32_t n) {
+    int32_t first;
+    const float m = row_max(logits, n, &first);
+    if (!(m > -INFINITY)) {
+        return m;
+    }
+    double total = 0;
+    for (int32_t lo = 0; lo < n; lo += DPN_BLOCK) {
+        const int32_t k = n - lo < DPN_BLOCK ? n - lo : DPN_BLOCK;
+        total += (double)exp_block(logits + lo, NULL, k, m, 1.0f);
+    }
+    return m + (float)log(total);
+}
+
+int32_t dpn_top(const float *logits, int32_t n, int32_t k, int32_t *ids, float *values, float *scratch, uint64_t *keys) {
+    if (k <= 0 || n <= 0) {
+        return 0;
+    }
+    const int32_t c = top_candidates(logits, n, k, keys, keys + n, scratch);
+    for (int32_t j = 0; j < c; j++) {
+        ids[j] = key_index(keys[j]);
+        values[j] = key_value(keys[j]);
+    }
+    return c;
+}

@@ -21,4 +21,13 @@ static inline int64_t dpn_scratch_floats(int32_t n) { return (int64_t)n + n / DP
 int32_t dpn_sample(float *logits, int32_t n, float temp, int32_t top_k, float top_p, float min_p, uint64_t seed,
                    const int32_t *banned, int32_t n_banned, float *scratch, uint64_t *keys);
 
+// dpn_logsumexp is log Σ e^logits[i], for log-probabilities: a logit
+// less it is its token's log-probability.
+float dpn_logsumexp(const float *logits, int32_t n);
+
+// dpn_top writes the ids and logits of the k largest logits, largest
+// first (ties by index), and returns how many it wrote; it needs
+// dpn_sample's scratch and keys.
+int32_t dpn_top(const float *logits, int32_t n, int32_t k, int32_t *ids, float *values, float *scratch, uint64_t *keys);
+
 #endif

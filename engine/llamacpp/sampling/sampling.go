@@ -51,6 +51,17 @@ type Params struct {
 	// MinP, after the temperature, leaves out the tokens less likely than
 	// MinP times the most likely one; 0 is off.
 	MinP float32
+	// Logprobs asks for the drawn token's log-probability and the
+	// TopLogprobs most likely tokens' (Sampler.Logprobs), which the worker
+	// returns: a row that asks needs its logits on the host.
+	Logprobs    bool
+	TopLogprobs int
+}
+
+// WritesLogits reports whether Sample writes over the row: banned tokens,
+// a bias, penalties or min-p.
+func (p *Params) WritesLogits() bool {
+	return len(p.Banned) > 0 || len(p.LogitBias) > 0 || p.Penalized() || (p.MinP > 0 && p.Temperature > 0)
 }
 
 // Bias is one token's logit bias.
@@ -67,7 +78,7 @@ func (p *Params) Penalized() bool {
 // NeedsLogits reports whether the row needs its logits on the host: all
 // but a plain greedy row, which a device can take the argmax of.
 func (p *Params) NeedsLogits() bool {
-	return p.Temperature > 0 || len(p.Banned) > 0 || len(p.LogitBias) > 0 || p.Penalized()
+	return p.Temperature > 0 || len(p.Banned) > 0 || len(p.LogitBias) > 0 || p.Penalized() || p.Logprobs
 }
 
 // History is the tokens a sequence's penalties count: its prompt's, and
@@ -137,6 +148,15 @@ type Sampler struct {
 	n       int
 	scratch []float32
 	keys    []uint64
+	// kept is Keep's copy of a row.
+	kept []float32
+}
+
+// Keep returns a copy of logits, valid until the next Keep: a row's raw
+// logits, kept while Sample writes over the row.
+func (s *Sampler) Keep(logits []float32) []float32 {
+	s.kept = append(s.kept[:0], logits...)
+	return s.kept
 }
 
 // NewSampler returns a sampler for rows of nVocab logits.
@@ -169,6 +189,40 @@ func (s *Sampler) Sample(logits []float32, p *Params) int32 {
 		C.float(p.TopP), C.float(p.MinP), C.uint64_t(p.Seed), banned, C.int32_t(len(p.Banned)),
 		(*C.float)(unsafe.Pointer(&s.scratch[0])), (*C.uint64_t)(unsafe.Pointer(&s.keys[0]))))
 }
+
+// Logprobs returns the log-probability of every token of logits under
+// the model's raw distribution, as a logit less the returned lse, and
+// writes the k most likely tokens (at most len(top)) with their
+// log-probabilities to top, returning how many it wrote. It reads logits
+// only: call it before Sample, which writes over them.
+func (s *Sampler) Logprobs(logits []float32, top []Logprob) (lse float32, n int) {
+	if len(logits) != s.n {
+		panic("sampling: a row of the wrong vocabulary size")
+	}
+	lse = float32(C.dpn_logsumexp((*C.float)(unsafe.Pointer(&logits[0])), C.int32_t(s.n)))
+	if len(top) == 0 {
+		return lse, 0
+	}
+	var ids [MaxTopLogprobs]int32
+	var values [MaxTopLogprobs]float32
+	k := min(len(top), MaxTopLogprobs)
+	n = int(C.dpn_top((*C.float)(unsafe.Pointer(&logits[0])), C.int32_t(s.n), C.int32_t(k),
+		(*C.int32_t)(unsafe.Pointer(&ids[0])), (*C.float)(unsafe.Pointer(&values[0])),
+		(*C.float)(unsafe.Pointer(&s.scratch[0])), (*C.uint64_t)(unsafe.Pointer(&s.keys[0]))))
+	for j := range n {
+		top[j] = Logprob{Token: ids[j], Logprob: values[j] - lse}
+	}
+	return lse, n
+}
+
+// Logprob is a token's log-probability.
+type Logprob struct {
+	Token   int32
+	Logprob float32
+}
+
+// MaxTopLogprobs is the most top tokens Logprobs finds, OpenAI's limit.
+const MaxTopLogprobs = 20
 
 // Pool samples the rows of a step on several goroutines.
 type Pool struct {

@@ -203,10 +203,7 @@ func TestRowsUsesEveryRowOnce(t *testing.T) {
 func BenchmarkSample(b *testing.B) {
 	const n = 128256
 	rng := rand.New(rand.NewPCG(1, 2))
-	logits := make([]float32, n)
-	for i := range logits {
-		logits[i] = float32(rng.NormFloat64() * 3)
-	}
+	logits := benchRow(rng, n)
 	// A history of a 1,000-token prompt and 200 tokens drawn.
 	var prompt, output []uint32
 	for i := range 1200 {
@@ -358,4 +355,66 @@ func TestHistoryCountsWhatIsAdded(t *testing.T) {
 	if want := []float32{0.5, 0.5 - 1 - 0.25, 0.5 - 0.5 - 0.25, 1}; !slices.Equal(logits, want) {
 		t.Fatalf("%v, want %v", logits, want)
 	}
+}
+
+// TestLogprobsAreTheLogSoftmax: a logit less lse is its token's
+// log-softmax within 1e-4 of a float64 reference, and the top tokens are
+// the reference ranking's first, with theirs.
+func TestLogprobsAreTheLogSoftmax(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.SampledFrom([]int{1, 5, 1024, 1025, 128256}).Draw(t, "n")
+		rng := rand.New(rand.NewPCG(rapid.Uint64().Draw(t, "rowSeed"), 3))
+		logits := make([]float32, n)
+		for i := range logits {
+			logits[i] = float32(rng.NormFloat64() * 4)
+		}
+		if rapid.Bool().Draw(t, "banned") {
+			logits[rapid.IntRange(0, n-1).Draw(t, "ban")] = float32(math.Inf(-1))
+		}
+		m := math.Inf(-1)
+		for _, l := range logits {
+			m = math.Max(m, float64(l))
+		}
+		sum := 0.0
+		for _, l := range logits {
+			sum += math.Exp(float64(l) - m)
+		}
+		want := m + math.Log(sum)
+		k := rapid.IntRange(0, MaxTopLogprobs).Draw(t, "k")
+		top := make([]Logprob, k)
+		lse, got := NewSampler(n).Logprobs(logits, top)
+		if math.Abs(float64(lse)-want) > 1e-4 {
+			t.Fatalf("lse %v, want %v", lse, want)
+		}
+		if got != min(k, n) {
+			t.Fatalf("%d top tokens, want %d", got, min(k, n))
+		}
+		order := ranked(logits)
+		for j := range got {
+			if top[j].Token != int32(order[j]) || math.Abs(float64(top[j].Logprob)-(float64(logits[order[j]])-want)) > 1e-4 {
+				t.Fatalf("top %d: %+v, want token %d with %v", j, top[j], order[j], float64(logits[order[j]])-want)
+			}
+		}
+	})
+}
+
+// BenchmarkLogprobs is what a row that asks for log-probabilities costs
+// beside its draw: the log-sum-exp of Llama 3's vocabulary and its top 5.
+func BenchmarkLogprobs(b *testing.B) {
+	const n = 128256
+	logits := benchRow(rand.New(rand.NewPCG(1, 2)), n)
+	s := NewSampler(n)
+	var top [5]Logprob
+	for b.Loop() {
+		s.Logprobs(logits, top[:])
+	}
+}
+
+// benchRow is a row of n logits, normal with a deviation of 3.
+func benchRow(rng *rand.Rand, n int) []float32 {
+	logits := make([]float32, n)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64() * 3)
+	}
+	return logits
 }

@@ -164,6 +164,8 @@ type sampleRow struct {
 	seq    int32
 	logits []float32
 	tok    int32
+	// logprobs are the drawn token's, when its request asked.
+	logprobs *dpnodev1.TokenLogprobs
 }
 
 func (s *server) reply(r *dpnodev1.WorkerReply) error {
@@ -286,6 +288,12 @@ func (s *server) sampleParams(seq int32, p *dpnodev1.SampleParams) (sampling.Par
 	}
 	if h := p.History; h != nil {
 		s.history[seq] = sampling.NewHistory(h.Prompt, h.Output)
+	}
+	if p.Logprobs {
+		if p.TopLogprobs < 0 || p.TopLogprobs > sampling.MaxTopLogprobs {
+			return sp, fmt.Errorf("%d top log-probabilities asked, at most %d", p.TopLogprobs, sampling.MaxTopLogprobs)
+		}
+		sp.Logprobs, sp.TopLogprobs = true, int(p.TopLogprobs)
 	}
 	if sp.Penalized() {
 		if sp.History = s.history[seq]; sp.History == nil {
@@ -419,11 +427,42 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 			s.rows[i].logits = c.logits(int(s.rows[i].tok))
 		}
 		s.samplers.Rows(len(s.rows), func(i int, smp *sampling.Sampler) {
-			s.rows[i].tok = smp.Sample(s.rows[i].logits, &s.params[i])
+			r, p := &s.rows[i], &s.params[i]
+			if !p.Logprobs {
+				r.tok = smp.Sample(r.logits, p)
+				return
+			}
+			// Of the raw logits, before the draw writes over them.
+			var top [sampling.MaxTopLogprobs]sampling.Logprob
+			lse, n := smp.Logprobs(r.logits, top[:p.TopLogprobs])
+			lp := &dpnodev1.TokenLogprobs{TopTokenIds: make([]uint32, n), TopLogprobs: make([]float32, n)}
+			for j := range n {
+				lp.TopTokenIds[j], lp.TopLogprobs[j] = uint32(top[j].Token), top[j].Logprob
+			}
+			// The drawn token's raw logit, unless the draw changes it.
+			raw := r.logits
+			if p.WritesLogits() {
+				raw = smp.Keep(r.logits)
+			}
+			r.tok = smp.Sample(r.logits, p)
+			lp.Logprob = raw[r.tok] - lse
+			r.logprobs = lp
 		})
+	}
+	logprobs := false
+	for i := range s.params {
+		logprobs = logprobs || s.params[i].Logprobs
 	}
 	for i := range s.rows {
 		r := &s.rows[i]
+		if logprobs {
+			lp := r.logprobs
+			if lp == nil {
+				lp = &dpnodev1.TokenLogprobs{}
+			}
+			done.Logprobs = append(done.Logprobs, lp)
+			r.logprobs = nil
+		}
 		if h := s.params[i].History; h != nil {
 			h.Add(r.tok)
 		}

@@ -114,8 +114,12 @@ type SamplingParams struct {
 	RepetitionPenalty float32            `protobuf:"fixed32,11,opt,name=repetition_penalty,json=repetitionPenalty,proto3" json:"repetition_penalty,omitempty"`
 	MinP              float32            `protobuf:"fixed32,12,opt,name=min_p,json=minP,proto3" json:"min_p,omitempty"`
 	LogitBias         map[uint32]float32 `protobuf:"bytes,13,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed32,2,opt,name=value"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Return each token's log-probability, and those of the top_logprobs
+	// most likely tokens.
+	Logprobs      bool  `protobuf:"varint,14,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs   int32 `protobuf:"varint,15,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -239,6 +243,82 @@ func (x *SamplingParams) GetLogitBias() map[uint32]float32 {
 	return nil
 }
 
+func (x *SamplingParams) GetLogprobs() bool {
+	if x != nil {
+		return x.Logprobs
+	}
+	return false
+}
+
+func (x *SamplingParams) GetTopLogprobs() int32 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return 0
+}
+
+// TokenLogprobs is a drawn token's log-probability under the model's raw
+// logits, and the most likely tokens' with theirs, most likely first.
+type TokenLogprobs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Logprob       float32                `protobuf:"fixed32,1,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	TopTokenIds   []uint32               `protobuf:"varint,2,rep,packed,name=top_token_ids,json=topTokenIds,proto3" json:"top_token_ids,omitempty"`
+	TopLogprobs   []float32              `protobuf:"fixed32,3,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenLogprobs) Reset() {
+	*x = TokenLogprobs{}
+	mi := &file_dpnode_v1_engine_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenLogprobs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenLogprobs) ProtoMessage() {}
+
+func (x *TokenLogprobs) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_engine_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenLogprobs.ProtoReflect.Descriptor instead.
+func (*TokenLogprobs) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TokenLogprobs) GetLogprob() float32 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+func (x *TokenLogprobs) GetTopTokenIds() []uint32 {
+	if x != nil {
+		return x.TopTokenIds
+	}
+	return nil
+}
+
+func (x *TokenLogprobs) GetTopLogprobs() []float32 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
 // AddRequest hands a request to one engine.
 type AddRequest struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
@@ -277,7 +357,7 @@ type AddRequest struct {
 
 func (x *AddRequest) Reset() {
 	*x = AddRequest{}
-	mi := &file_dpnode_v1_engine_proto_msgTypes[1]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -289,7 +369,7 @@ func (x *AddRequest) String() string {
 func (*AddRequest) ProtoMessage() {}
 
 func (x *AddRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_engine_proto_msgTypes[1]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -302,7 +382,7 @@ func (x *AddRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddRequest.ProtoReflect.Descriptor instead.
 func (*AddRequest) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{1}
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AddRequest) GetRequestId() string {
@@ -385,7 +465,7 @@ type AbortRequests struct {
 
 func (x *AbortRequests) Reset() {
 	*x = AbortRequests{}
-	mi := &file_dpnode_v1_engine_proto_msgTypes[2]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -397,7 +477,7 @@ func (x *AbortRequests) String() string {
 func (*AbortRequests) ProtoMessage() {}
 
 func (x *AbortRequests) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_engine_proto_msgTypes[2]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -410,7 +490,7 @@ func (x *AbortRequests) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequests.ProtoReflect.Descriptor instead.
 func (*AbortRequests) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{2}
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AbortRequests) GetRequestIds() []string {
@@ -432,14 +512,16 @@ type RequestOutput struct {
 	// Set when finish_reason is FINISH_REASON_ERROR.
 	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
 	// The attempt of the AddRequest this output answers.
-	Attempt       uint32 `protobuf:"varint,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Attempt uint32 `protobuf:"varint,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// One per new token when the request asked for log-probabilities.
+	Logprobs      []*TokenLogprobs `protobuf:"bytes,7,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RequestOutput) Reset() {
 	*x = RequestOutput{}
-	mi := &file_dpnode_v1_engine_proto_msgTypes[3]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -451,7 +533,7 @@ func (x *RequestOutput) String() string {
 func (*RequestOutput) ProtoMessage() {}
 
 func (x *RequestOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_engine_proto_msgTypes[3]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -464,7 +546,7 @@ func (x *RequestOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestOutput.ProtoReflect.Descriptor instead.
 func (*RequestOutput) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{3}
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RequestOutput) GetRequestId() string {
@@ -509,6 +591,13 @@ func (x *RequestOutput) GetAttempt() uint32 {
 	return 0
 }
 
+func (x *RequestOutput) GetLogprobs() []*TokenLogprobs {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
 // StepOutputs carries every output of one engine step for one API server:
 // one message per step, never one per token.
 type StepOutputs struct {
@@ -525,7 +614,7 @@ type StepOutputs struct {
 
 func (x *StepOutputs) Reset() {
 	*x = StepOutputs{}
-	mi := &file_dpnode_v1_engine_proto_msgTypes[4]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -537,7 +626,7 @@ func (x *StepOutputs) String() string {
 func (*StepOutputs) ProtoMessage() {}
 
 func (x *StepOutputs) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_engine_proto_msgTypes[4]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -550,7 +639,7 @@ func (x *StepOutputs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepOutputs.ProtoReflect.Descriptor instead.
 func (*StepOutputs) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{4}
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StepOutputs) GetRank() uint32 {
@@ -618,7 +707,7 @@ type EngineStats struct {
 
 func (x *EngineStats) Reset() {
 	*x = EngineStats{}
-	mi := &file_dpnode_v1_engine_proto_msgTypes[5]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +719,7 @@ func (x *EngineStats) String() string {
 func (*EngineStats) ProtoMessage() {}
 
 func (x *EngineStats) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_engine_proto_msgTypes[5]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +732,7 @@ func (x *EngineStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineStats.ProtoReflect.Descriptor instead.
 func (*EngineStats) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{5}
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *EngineStats) GetRank() uint32 {
@@ -739,7 +828,7 @@ type ListRequests struct {
 
 func (x *ListRequests) Reset() {
 	*x = ListRequests{}
-	mi := &file_dpnode_v1_engine_proto_msgTypes[6]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -751,7 +840,7 @@ func (x *ListRequests) String() string {
 func (*ListRequests) ProtoMessage() {}
 
 func (x *ListRequests) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_engine_proto_msgTypes[6]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -764,7 +853,7 @@ func (x *ListRequests) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequests.ProtoReflect.Descriptor instead.
 func (*ListRequests) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{6}
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{7}
 }
 
 // RequestList is an engine's answer: the requests it holds for the asker.
@@ -781,7 +870,7 @@ type RequestList struct {
 
 func (x *RequestList) Reset() {
 	*x = RequestList{}
-	mi := &file_dpnode_v1_engine_proto_msgTypes[7]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -793,7 +882,7 @@ func (x *RequestList) String() string {
 func (*RequestList) ProtoMessage() {}
 
 func (x *RequestList) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_engine_proto_msgTypes[7]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -806,7 +895,7 @@ func (x *RequestList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestList.ProtoReflect.Descriptor instead.
 func (*RequestList) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{7}
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RequestList) GetRank() uint32 {
@@ -842,7 +931,7 @@ type EngineReady struct {
 
 func (x *EngineReady) Reset() {
 	*x = EngineReady{}
-	mi := &file_dpnode_v1_engine_proto_msgTypes[8]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +943,7 @@ func (x *EngineReady) String() string {
 func (*EngineReady) ProtoMessage() {}
 
 func (x *EngineReady) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_engine_proto_msgTypes[8]
+	mi := &file_dpnode_v1_engine_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +956,7 @@ func (x *EngineReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EngineReady.ProtoReflect.Descriptor instead.
 func (*EngineReady) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{8}
+	return file_dpnode_v1_engine_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EngineReady) GetRank() uint32 {
@@ -888,7 +977,7 @@ var File_dpnode_v1_engine_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\n" +
-	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\xa4\x04\n" +
+	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\xe3\x04\n" +
 	"\x0eSamplingParams\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x01 \x01(\rR\tmaxTokens\x12\x1d\n" +
@@ -907,11 +996,17 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\x12repetition_penalty\x18\v \x01(\x02R\x11repetitionPenalty\x12\x13\n" +
 	"\x05min_p\x18\f \x01(\x02R\x04minP\x12G\n" +
 	"\n" +
-	"logit_bias\x18\r \x03(\v2(.dpnode.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x1a<\n" +
+	"logit_bias\x18\r \x03(\v2(.dpnode.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x12\x1a\n" +
+	"\blogprobs\x18\x0e \x01(\bR\blogprobs\x12!\n" +
+	"\ftop_logprobs\x18\x0f \x01(\x05R\vtopLogprobs\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x02R\x05value:\x028\x01B\a\n" +
-	"\x05_seed\"\x82\x03\n" +
+	"\x05_seed\"p\n" +
+	"\rTokenLogprobs\x12\x18\n" +
+	"\alogprob\x18\x01 \x01(\x02R\alogprob\x12\"\n" +
+	"\rtop_token_ids\x18\x02 \x03(\rR\vtopTokenIds\x12!\n" +
+	"\ftop_logprobs\x18\x03 \x03(\x02R\vtopLogprobs\"\x82\x03\n" +
 	"\n" +
 	"AddRequest\x12\x1d\n" +
 	"\n" +
@@ -929,7 +1024,7 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	" \x01(\fR\x11promptBlockHashes\"0\n" +
 	"\rAbortRequests\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
-	"requestIds\"\xec\x01\n" +
+	"requestIds\"\xa2\x02\n" +
 	"\rRequestOutput\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\"\n" +
@@ -937,7 +1032,8 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\rfinish_reason\x18\x03 \x01(\x0e2\x17.dpnode.v1.FinishReasonR\ffinishReason\x12*\n" +
 	"\x11num_cached_tokens\x18\x04 \x01(\rR\x0fnumCachedTokens\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12\x18\n" +
-	"\aattempt\x18\x06 \x01(\rR\aattempt\"\xba\x01\n" +
+	"\aattempt\x18\x06 \x01(\rR\aattempt\x124\n" +
+	"\blogprobs\x18\a \x03(\v2\x18.dpnode.v1.TokenLogprobsR\blogprobs\"\xba\x01\n" +
 	"\vStepOutputs\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12!\n" +
 	"\fengine_epoch\x18\x02 \x01(\x04R\vengineEpoch\x12\x12\n" +
@@ -989,31 +1085,33 @@ func file_dpnode_v1_engine_proto_rawDescGZIP() []byte {
 }
 
 var file_dpnode_v1_engine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_dpnode_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_dpnode_v1_engine_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_dpnode_v1_engine_proto_goTypes = []any{
 	(FinishReason)(0),      // 0: dpnode.v1.FinishReason
 	(*SamplingParams)(nil), // 1: dpnode.v1.SamplingParams
-	(*AddRequest)(nil),     // 2: dpnode.v1.AddRequest
-	(*AbortRequests)(nil),  // 3: dpnode.v1.AbortRequests
-	(*RequestOutput)(nil),  // 4: dpnode.v1.RequestOutput
-	(*StepOutputs)(nil),    // 5: dpnode.v1.StepOutputs
-	(*EngineStats)(nil),    // 6: dpnode.v1.EngineStats
-	(*ListRequests)(nil),   // 7: dpnode.v1.ListRequests
-	(*RequestList)(nil),    // 8: dpnode.v1.RequestList
-	(*EngineReady)(nil),    // 9: dpnode.v1.EngineReady
-	nil,                    // 10: dpnode.v1.SamplingParams.LogitBiasEntry
+	(*TokenLogprobs)(nil),  // 2: dpnode.v1.TokenLogprobs
+	(*AddRequest)(nil),     // 3: dpnode.v1.AddRequest
+	(*AbortRequests)(nil),  // 4: dpnode.v1.AbortRequests
+	(*RequestOutput)(nil),  // 5: dpnode.v1.RequestOutput
+	(*StepOutputs)(nil),    // 6: dpnode.v1.StepOutputs
+	(*EngineStats)(nil),    // 7: dpnode.v1.EngineStats
+	(*ListRequests)(nil),   // 8: dpnode.v1.ListRequests
+	(*RequestList)(nil),    // 9: dpnode.v1.RequestList
+	(*EngineReady)(nil),    // 10: dpnode.v1.EngineReady
+	nil,                    // 11: dpnode.v1.SamplingParams.LogitBiasEntry
 }
 var file_dpnode_v1_engine_proto_depIdxs = []int32{
-	10, // 0: dpnode.v1.SamplingParams.logit_bias:type_name -> dpnode.v1.SamplingParams.LogitBiasEntry
+	11, // 0: dpnode.v1.SamplingParams.logit_bias:type_name -> dpnode.v1.SamplingParams.LogitBiasEntry
 	1,  // 1: dpnode.v1.AddRequest.sampling:type_name -> dpnode.v1.SamplingParams
 	0,  // 2: dpnode.v1.RequestOutput.finish_reason:type_name -> dpnode.v1.FinishReason
-	4,  // 3: dpnode.v1.StepOutputs.outputs:type_name -> dpnode.v1.RequestOutput
-	6,  // 4: dpnode.v1.StepOutputs.stats:type_name -> dpnode.v1.EngineStats
-	5,  // [5:5] is the sub-list for method output_type
-	5,  // [5:5] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	2,  // 3: dpnode.v1.RequestOutput.logprobs:type_name -> dpnode.v1.TokenLogprobs
+	5,  // 4: dpnode.v1.StepOutputs.outputs:type_name -> dpnode.v1.RequestOutput
+	7,  // 5: dpnode.v1.StepOutputs.stats:type_name -> dpnode.v1.EngineStats
+	6,  // [6:6] is the sub-list for method output_type
+	6,  // [6:6] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_engine_proto_init() }
@@ -1028,7 +1126,7 @@ func file_dpnode_v1_engine_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpnode_v1_engine_proto_rawDesc), len(file_dpnode_v1_engine_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

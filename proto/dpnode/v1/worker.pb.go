@@ -1043,7 +1043,11 @@ type SampleParams struct {
 	// request is new to the sequence, or its outputs are not all the ones
 	// the sequence drew (it moved, or was computed again). Without it the
 	// sequence's own history goes on, with the token it draws added.
-	History       *PenaltyHistory `protobuf:"bytes,12,opt,name=history,proto3" json:"history,omitempty"`
+	History *PenaltyHistory `protobuf:"bytes,12,opt,name=history,proto3" json:"history,omitempty"`
+	// Return the drawn token's log-probability, and those of the
+	// top_logprobs most likely tokens, under the model's raw logits.
+	Logprobs      bool  `protobuf:"varint,13,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs   int32 `protobuf:"varint,14,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1162,6 +1166,20 @@ func (x *SampleParams) GetHistory() *PenaltyHistory {
 	return nil
 }
 
+func (x *SampleParams) GetLogprobs() bool {
+	if x != nil {
+		return x.Logprobs
+	}
+	return false
+}
+
+func (x *SampleParams) GetTopLogprobs() int32 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return 0
+}
+
 // PenaltyHistory is a request's tokens so far.
 type PenaltyHistory struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1219,6 +1237,9 @@ type StepDone struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One token per sequence that sampled, in order.
 	Tokens []uint32 `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	// When a sequence asked for them, one per token, in order: empty for the
+	// sequences that did not ask.
+	Logprobs []*TokenLogprobs `protobuf:"bytes,8,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
 	// Tokens computed in the step.
 	ComputedTokens uint32 `protobuf:"varint,2,opt,name=computed_tokens,json=computedTokens,proto3" json:"computed_tokens,omitempty"`
 	// The worker's whole time on the step, from reading it to having its
@@ -1273,6 +1294,13 @@ func (*StepDone) Descriptor() ([]byte, []int) {
 func (x *StepDone) GetTokens() []uint32 {
 	if x != nil {
 		return x.Tokens
+	}
+	return nil
+}
+
+func (x *StepDone) GetLogprobs() []*TokenLogprobs {
+	if x != nil {
+		return x.Logprobs
 	}
 	return nil
 }
@@ -1564,7 +1592,7 @@ var File_dpnode_v1_worker_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\n" +
-	"\x16dpnode/v1/worker.proto\x12\tdpnode.v1\"\xf4\x01\n" +
+	"\x16dpnode/v1/worker.proto\x12\tdpnode.v1\x1a\x16dpnode/v1/engine.proto\"\xf4\x01\n" +
 	"\rWorkerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12*\n" +
 	"\x04load\x18\x02 \x01(\v2\x14.dpnode.v1.LoadModelH\x00R\x04load\x12,\n" +
@@ -1645,7 +1673,7 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x12\x10\n" +
 	"\x03pos\x18\x02 \x01(\x05R\x03pos\x12\x16\n" +
 	"\x06tokens\x18\x03 \x03(\rR\x06tokens\x12/\n" +
-	"\x06sample\x18\x04 \x01(\v2\x17.dpnode.v1.SampleParamsR\x06sample\"\xc6\x03\n" +
+	"\x06sample\x18\x04 \x01(\v2\x17.dpnode.v1.SampleParamsR\x06sample\"\x85\x04\n" +
 	"\fSampleParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x13\n" +
@@ -1659,12 +1687,15 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x14logit_bias_token_ids\x18\n" +
 	" \x03(\rR\x11logitBiasTokenIds\x12*\n" +
 	"\x11logit_bias_values\x18\v \x03(\x02R\x0flogitBiasValues\x123\n" +
-	"\ahistory\x18\f \x01(\v2\x19.dpnode.v1.PenaltyHistoryR\ahistory\"@\n" +
+	"\ahistory\x18\f \x01(\v2\x19.dpnode.v1.PenaltyHistoryR\ahistory\x12\x1a\n" +
+	"\blogprobs\x18\r \x01(\bR\blogprobs\x12!\n" +
+	"\ftop_logprobs\x18\x0e \x01(\x05R\vtopLogprobs\"@\n" +
 	"\x0ePenaltyHistory\x12\x16\n" +
 	"\x06prompt\x18\x01 \x03(\rR\x06prompt\x12\x16\n" +
-	"\x06output\x18\x02 \x03(\rR\x06output\"\xf7\x01\n" +
+	"\x06output\x18\x02 \x03(\rR\x06output\"\xad\x02\n" +
 	"\bStepDone\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x12'\n" +
+	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x124\n" +
+	"\blogprobs\x18\b \x03(\v2\x18.dpnode.v1.TokenLogprobsR\blogprobs\x12'\n" +
 	"\x0fcomputed_tokens\x18\x02 \x01(\rR\x0ecomputedTokens\x12#\n" +
 	"\rcompute_nanos\x18\x03 \x01(\x03R\fcomputeNanos\x12 \n" +
 	"\fkv_ops_nanos\x18\x04 \x01(\x03R\n" +
@@ -1725,6 +1756,7 @@ var file_dpnode_v1_worker_proto_goTypes = []any{
 	(*GetVocabulary)(nil),  // 15: dpnode.v1.GetVocabulary
 	(*Vocabulary)(nil),     // 16: dpnode.v1.Vocabulary
 	(*WorkerError)(nil),    // 17: dpnode.v1.WorkerError
+	(*TokenLogprobs)(nil),  // 18: dpnode.v1.TokenLogprobs
 }
 var file_dpnode_v1_worker_proto_depIdxs = []int32{
 	3,  // 0: dpnode.v1.WorkerRequest.load:type_name -> dpnode.v1.LoadModel
@@ -1743,11 +1775,12 @@ var file_dpnode_v1_worker_proto_depIdxs = []int32{
 	8,  // 13: dpnode.v1.KVOp.remove:type_name -> dpnode.v1.KVRemove
 	10, // 14: dpnode.v1.StepSequence.sample:type_name -> dpnode.v1.SampleParams
 	11, // 15: dpnode.v1.SampleParams.history:type_name -> dpnode.v1.PenaltyHistory
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	18, // 16: dpnode.v1.StepDone.logprobs:type_name -> dpnode.v1.TokenLogprobs
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_worker_proto_init() }
@@ -1755,6 +1788,7 @@ func file_dpnode_v1_worker_proto_init() {
 	if File_dpnode_v1_worker_proto != nil {
 		return
 	}
+	file_dpnode_v1_engine_proto_init()
 	file_dpnode_v1_worker_proto_msgTypes[0].OneofWrappers = []any{
 		(*WorkerRequest_Load)(nil),
 		(*WorkerRequest_Step)(nil),

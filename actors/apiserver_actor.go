@@ -171,12 +171,14 @@ type call struct {
 	// dispatchedAt is when the call was last sent to its rank.
 	dispatchedAt time.Time
 	output       []uint32
-	// logprobs are output's log-probabilities, kept for a Whole call.
-	logprobs []*engine.TokenLogprobs
-	firstAt  time.Time
-	lastAt   time.Time
-	parkedAt time.Time
-	moves    int
+	// logprobs are output's log-probabilities, and promptLogprobs the
+	// prompt's, kept for a Whole call.
+	logprobs       []*engine.TokenLogprobs
+	promptLogprobs []*engine.TokenLogprobs
+	firstAt        time.Time
+	lastAt         time.Time
+	parkedAt       time.Time
+	moves          int
 	// placing describes the request to the policy; made at its first pick.
 	placing *dp.Request
 	// cached is what the last pick expected the rank to hold of the
@@ -589,6 +591,9 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			if c.sub.Whole && len(o.Logprobs) > 0 {
 				c.logprobs = append(c.logprobs, o.Logprobs...)
 			}
+			if c.sub.Whole && c.promptLogprobs == nil {
+				c.promptLogprobs = o.PromptLogprobs
+			}
 			r.metrics.generation.Add(float64(n))
 		}
 		if c.moves == 0 && o.NumCachedTokens != 0 {
@@ -596,7 +601,8 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			// generated before; the client's prompt hit was the first.
 			c.promptHit = int(o.NumCachedTokens)
 		}
-		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, Rank: r.rank, NumCachedTokens: c.promptHit, Logprobs: o.Logprobs}
+		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, Rank: r.rank, NumCachedTokens: c.promptHit, Logprobs: o.Logprobs,
+			PromptLogprobs: o.PromptLogprobs}
 		switch o.FinishReason {
 		case engine.NotFinished:
 			if !c.sub.Whole {
@@ -610,7 +616,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 		delete(a.calls, c.sub.ID)
 		a.release(c)
 		if c.sub.Whole {
-			ev.Tokens, ev.Logprobs = c.output, c.logprobs
+			ev.Tokens, ev.Logprobs, ev.PromptLogprobs = c.output, c.logprobs, c.promptLogprobs
 		}
 		c.sub.Stream.push(ev)
 	}

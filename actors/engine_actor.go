@@ -458,7 +458,7 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 		ro := &slab[i]
 		ro.RequestId, ro.NewTokenIds, ro.FinishReason = o.ID, o.NewTokens, o.Finish
 		ro.NumCachedTokens, ro.Attempt = uint32(o.NumCachedTokens), o.Attempt
-		ro.Logprobs = o.Logprobs
+		ro.Logprobs, ro.PromptLogprobs = o.Logprobs, o.PromptLogprobs
 		clients[k].outputs = append(clients[k].outputs, ro)
 	}
 	e.reportStats(ctx, clients)
@@ -553,6 +553,7 @@ func samplingFromWire(s *dpnodev1.SamplingParams) engine.SamplingParams {
 		LogitBias:         s.LogitBias,
 		Logprobs:          s.Logprobs,
 		TopLogprobs:       int(s.TopLogprobs),
+		PromptLogprobs:    s.PromptLogprobs,
 	}
 }
 
@@ -574,6 +575,7 @@ func samplingToWire(s engine.SamplingParams) *dpnodev1.SamplingParams {
 		LogitBias:         s.LogitBias,
 		Logprobs:          s.Logprobs,
 		TopLogprobs:       int32(s.TopLogprobs),
+		PromptLogprobs:    s.PromptLogprobs,
 	}
 }
 

@@ -24,6 +24,9 @@ type Event struct {
 	Rank int
 	// Logprobs are Tokens' log-probabilities, when the request asked.
 	Logprobs []*engine.TokenLogprobs
+	// PromptLogprobs are the prompt's, when the request asked, on its
+	// first event with tokens (again after a move, computed again).
+	PromptLogprobs []*engine.TokenLogprobs
 }
 
 // Stream is the queue between the API server actor, which pushes a call's

@@ -788,3 +788,113 @@ type completionLogprobsOf struct {
 	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
 }
+
+// TestLlamaCppPromptLogprobs is what evaluation harnesses ask (lm-eval's
+// loglikelihood): a token-id prompt, echo, logprobs 1, one token. The
+// prompt's log-probabilities, computed in chunks past the prefix cache,
+// are those a greedy continuation drew its tokens with, and the same on
+// both ranks and when the prompt was cached.
+func TestLlamaCppPromptLogprobs(t *testing.T) {
+	n := startLlamaNode(t)
+	prompt := prompts(4)[3] // 116 tokens: two chunks and more
+	// The greedy continuation, with each drawn token's log-probability.
+	var gen struct {
+		Choices []struct {
+			TokenIDs []uint32             `json:"token_ids"`
+			Logprobs completionLogprobsOf `json:"logprobs"`
+		} `json:"choices"`
+	}
+	n.postJSON(t, "/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": true,
+		"logprobs": 0, "return_token_ids": true}, &gen)
+	cont := gen.Choices[0].TokenIDs
+	if len(cont) != 12 || len(gen.Choices[0].Logprobs.TokenLogprobs) != 12 {
+		t.Fatalf("continuation %v, logprobs %+v", cont, gen.Choices[0].Logprobs)
+	}
+	whole := append(slices.Clone(prompt), cont...)
+	type echoed struct {
+		Choices []struct {
+			Logprobs struct {
+				Tokens        []string             `json:"tokens"`
+				TokenLogprobs []*float64           `json:"token_logprobs"`
+				TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+			} `json:"logprobs"`
+		} `json:"choices"`
+	}
+	// Twice on each rank, the second time with its prompt cached there,
+	// then four at once on one rank, in steps of one chunk between them.
+	check := func(rank string, e echoed) {
+		t.Helper()
+		lp := e.Choices[0].Logprobs
+		if len(lp.TokenLogprobs) != len(whole)+1 || lp.TokenLogprobs[0] != nil || lp.TopLogprobs[0] != nil {
+			t.Fatalf("rank %s: %d log-probabilities for %d prompt tokens and 1 more, the first %v", rank, len(lp.TokenLogprobs), len(whole), lp.TokenLogprobs[0])
+		}
+		for j, x := range lp.TokenLogprobs[1:] {
+			if x == nil || *x > 0 || len(lp.TopLogprobs[j+1]) == 0 || len(lp.TopLogprobs[j+1]) > 2 {
+				t.Fatalf("rank %s, prompt token %d: %v, alternatives %v", rank, j+1, x, lp.TopLogprobs[j+1])
+			}
+		}
+		// The continuation's tokens, as prompt, have the log-probabilities
+		// they were drawn with.
+		for j := range cont {
+			got, want := *lp.TokenLogprobs[len(prompt)+j], gen.Choices[0].Logprobs.TokenLogprobs[j]
+			if math.Abs(got-want) > 1e-3 {
+				t.Fatalf("rank %s, continuation token %d: %v as prompt, %v drawn", rank, j, got, want)
+			}
+		}
+	}
+	ask := func(rank string) (e echoed, err error) {
+		err = n.tryPostJSON("/v1/completions", map[string]any{"prompt": whole, "max_tokens": 1, "temperature": 0, "echo": true,
+			"logprobs": 1}, &e, "X-data-parallel-rank", rank)
+		return e, err
+	}
+	for _, rank := range []string{"0", "1", "0", "1"} {
+		e, err := ask(rank)
+		if err != nil {
+			t.Fatal(err)
+		}
+		check(rank, e)
+	}
+	got := make([]echoed, 4)
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() { got[i], errs[i] = ask("0") })
+	}
+	wg.Wait()
+	for i, e := range got {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		check("0, four at once", e)
+	}
+}
+
+// postJSON posts body to path with headers (name, value pairs) and decodes
+// a 200's answer into out.
+func (n *llamaNode) postJSON(t *testing.T, path string, body map[string]any, out any, headers ...string) {
+	t.Helper()
+	if err := n.tryPostJSON(path, body, out, headers...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tryPostJSON is postJSON for a goroutine of its own: it returns what went
+// wrong.
+func (n *llamaNode) tryPostJSON(path string, body map[string]any, out any, headers ...string) error {
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, n.base+path, bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := n.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(raw, out) != nil {
+		return fmt.Errorf("%s: %d %s", path, resp.StatusCode, raw)
+	}
+	return nil
+}

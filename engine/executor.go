@@ -44,8 +44,9 @@ type ScheduledRequest struct {
 	// previous step: sampled tokens stay where they were sampled.
 	Tokens []uint32
 	// Prompt and Output are the request's tokens so far, when it samples
-	// in this step with penalties (Sampling.Penalized), which count them;
-	// nil otherwise. They are the scheduler's: read, never written.
+	// in this step with penalties (Sampling.Penalized), which count them,
+	// or computes prompt tokens for its prompt log-probabilities (Prompt
+	// only); nil otherwise. They are the scheduler's: read, never written.
 	Prompt, Output []uint32
 }
 
@@ -139,6 +140,10 @@ type StepResult struct {
 	// Logprobs[i], when the slice is not nil, is the log-probabilities of
 	// Tokens[i], for a request that asked (Sampling.Logprobs).
 	Logprobs []*TokenLogprobs
+	// PromptLogprobs[i], when the slice is not nil, is the prompt
+	// log-probabilities the step computed for Batch.Requests[i], one per
+	// token after each of its first tokens in the step.
+	PromptLogprobs [][]*TokenLogprobs
 }
 
 // StepPhases are the parts of an executor's step, so that the next

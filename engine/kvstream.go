@@ -142,7 +142,7 @@ func (k *streamKV) takeOps() []SeqOp {
 // cheapest to copy). At least one token is always left to compute,
 // because the step that computes it samples the next one.
 func (k *streamKV) lookup(req *Request) (int32, int) {
-	if !k.prefixCaching {
+	if !k.prefixCaching || req.sampling.PromptLogprobs {
 		return noSeq, 0
 	}
 	maxBlocks := (req.numTokens() - 1) / k.blockSize

@@ -400,3 +400,61 @@ func TestIdleStreamsKeepPrefixesWithoutKeptRegion(t *testing.T) {
 		t.Fatalf("%d stream copies, want none", n)
 	}
 }
+
+// TestPromptLogprobsComputeTheWholePromptInChunks: requests that ask for
+// their prompt's log-probabilities find nothing in the prefix cache (each
+// token's logits are wanted), and a step keeps the logits of at most
+// PromptLogprobsChunk of their prompt tokens, however many run at once;
+// the engine hands each one its prompt's targets, the tokens after.
+func TestPromptLogprobsComputeTheWholePromptInChunks(t *testing.T) {
+	cfg := streamConfig(6, 4)
+	cfg.MaxNumBatchedTokens = 512
+	s := newTestScheduler(t, cfg)
+	m := newStreamModel(cfg.SequenceSlots, cfg.StreamCells)
+	p := prompt(7, 120)
+	prompts := map[string][]uint32{"warm": p, "a": p, "b": p, "c": p}
+	out := map[string][]uint32{}
+	tokensOf := func(id string) []uint32 { return slices.Concat(prompts[id], out[id]) }
+	kept := map[string]int{}
+	step := func() {
+		b := s.Schedule()
+		inStep := 0
+		for _, r := range b.Requests {
+			if r.Sampling.PromptLogprobs && r.Prompt != nil {
+				n := min(r.NumComputed+r.NumNewTokens, len(r.Prompt)-1) - r.NumComputed
+				inStep += max(n, 0)
+				kept[r.ID] += max(n, 0)
+			}
+		}
+		if inStep > PromptLogprobsChunk {
+			t.Fatalf("a step keeps the logits of %d prompt tokens, more than %d", inStep, PromptLogprobsChunk)
+		}
+		for _, o := range s.Update(b, m.step(t, b, tokensOf)) {
+			out[o.ID] = append(out[o.ID], o.NewTokens...)
+		}
+		checkKVInvariants(t, s)
+	}
+	// The same prompt without, so that the cache holds it.
+	if err := s.Add(NewRequest{ID: "warm", Prompt: p, Sampling: SamplingParams{MaxTokens: 2, IgnoreEOS: true}}); err != nil {
+		t.Fatal(err)
+	}
+	for s.HasWork() {
+		step()
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if err := s.Add(NewRequest{ID: id, Prompt: p, Sampling: SamplingParams{MaxTokens: 2, IgnoreEOS: true, PromptLogprobs: true}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for s.HasWork() {
+		step()
+	}
+	if hits := s.Stats().PrefixHits; hits != 0 {
+		t.Fatalf("%d prompt tokens found in the prefix cache, want none", hits)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if kept[id] != len(p)-1 || len(out[id]) != 2 {
+			t.Fatalf("%s: the logits of %d prompt tokens kept, %d tokens out; want %d and 2", id, kept[id], len(out[id]), len(p)-1)
+		}
+	}
+}

@@ -47,7 +47,16 @@ type SamplingParams struct {
 	// MaxTopLogprobs). The simulated executor gives none.
 	Logprobs    bool
 	TopLogprobs int
+	// PromptLogprobs asks for the prompt's log-probabilities, every
+	// token's but the first, with TopLogprobs more each: the prompt is
+	// then computed whole, in chunks of at most PromptLogprobsChunk, and
+	// the prefix cache is not used.
+	PromptLogprobs bool
 }
+
+// PromptLogprobsChunk bounds a prompt chunk whose every token's logits are
+// kept (a vocabulary of floats each: 32 MiB for Llama 3's).
+const PromptLogprobsChunk = 64
 
 // MaxTopLogprobs bounds SamplingParams.TopLogprobs, as OpenAI's API does.
 const MaxTopLogprobs = 20
@@ -145,6 +154,9 @@ type Request struct {
 	seq int32
 	// promptHash keys the executor's deterministic sampling.
 	promptHash uint64
+	// promptLogprobs are the prompt's log-probabilities computed so far,
+	// given to the caller with the first output.
+	promptLogprobs []*TokenLogprobs
 	// stops is sampling.StopTokenIDs as a set: it is checked for every
 	// token sampled, inside the step every request of the rank waits on.
 	stops    tokenSet
@@ -227,4 +239,10 @@ func PromptHash(prompt []uint32, seed *int64) uint64 {
 		s = uint64(*seed)
 	}
 	return fnvTokens(s, prompt)
+}
+
+// keepsPromptLogits reports whether req's next prefill keeps the logits of
+// its prompt tokens, for its prompt log-probabilities.
+func (req *Request) keepsPromptLogits() bool {
+	return req.sampling.PromptLogprobs && req.numComputed < len(req.prompt)-1
 }

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 )
 
@@ -133,6 +134,9 @@ type Output struct {
 	First bool
 	// Logprobs are NewTokens' log-probabilities, when the request asked.
 	Logprobs []*TokenLogprobs
+	// PromptLogprobs are the prompt's, on the first output of a request
+	// that asked (Sampling.PromptLogprobs).
+	PromptLogprobs []*TokenLogprobs
 }
 
 // Stats is an engine's load after a step.
@@ -441,13 +445,25 @@ func (s *Scheduler) schedulePrefill(batch *Batch, budget int) {
 		}
 		return cmp.Compare(a.numTokens()-a.numComputed, b.numTokens()-b.numComputed)
 	})
+	// The step's prompt tokens whose logits are kept, for prompt
+	// log-probabilities: at most a chunk, which the worker's output
+	// buffer holds beside a row per sequence.
+	logitsLeft := PromptLogprobsChunk
 	for _, req := range cands {
-		if budget == 0 {
+		limit := math.MaxInt
+		if req.keepsPromptLogits() {
+			limit = logitsLeft
+		}
+		if budget == 0 || limit == 0 {
 			req.passedOver++
 			continue
 		}
+		if req.keepsPromptLogits() {
+			// Taken now: the chunk below is at most limit.
+			logitsLeft -= min(limit, budget, req.numTokens()-req.numComputed)
+		}
 		if req.seq != noSeq {
-			n := min(req.numTokens()-req.numComputed, budget)
+			n := min(req.numTokens()-req.numComputed, budget, limit)
 			s.kv.grow(req, n)
 			s.add(batch, req, n)
 			budget -= n
@@ -459,7 +475,7 @@ func (s *Scheduler) schedulePrefill(batch *Batch, budget int) {
 			req.passedOver++
 			continue
 		}
-		n, ok := s.admit(i, budget)
+		n, ok := s.admit(i, min(budget, limit))
 		if !ok {
 			req.passedOver++
 			continue
@@ -493,6 +509,9 @@ func (s *Scheduler) add(batch *Batch, req *Request, n int) {
 		if req.sampling.Penalized() {
 			sr.Prompt, sr.Output = req.prompt, req.output
 		}
+	}
+	if req.sampling.PromptLogprobs && req.numComputed < len(req.prompt)-1 {
+		sr.Prompt = req.prompt
 	}
 	if sr.Decode {
 		batch.NumDecodeSeqs++
@@ -573,6 +592,9 @@ func (s *Scheduler) AppendUpdate(outs []Output, batch *Batch, res StepResult) []
 		}
 		sr := &batch.Requests[i]
 		req.numComputed += sr.NumNewTokens
+		if res.PromptLogprobs != nil && res.PromptLogprobs[i] != nil {
+			req.promptLogprobs = append(req.promptLogprobs, res.PromptLogprobs[i]...)
+		}
 		if sr.SampleIndex < 0 {
 			continue
 		}
@@ -593,6 +615,9 @@ func (s *Scheduler) AppendUpdate(outs []Output, batch *Batch, res StepResult) []
 		out := Output{ID: req.id, Client: req.client, Attempt: req.attempt, NewTokens: newTokens[i : i+1 : i+1], Finish: s.finishes[i]}
 		if req.sampling.Logprobs && res.Logprobs != nil && res.Logprobs[i] != nil {
 			out.Logprobs = res.Logprobs[i : i+1 : i+1]
+		}
+		if req.promptLogprobs != nil {
+			out.PromptLogprobs, req.promptLogprobs = req.promptLogprobs, nil
 		}
 		if !req.reportedFirst {
 			req.reportedFirst = true

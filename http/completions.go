@@ -56,11 +56,14 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	g.echo = req.Echo
 	if req.Logprobs != nil {
-		if req.Echo {
-			writeError(w, badRequest("logprobs with echo asks for the prompt's log-probabilities, which this server does not compute", "logprobs"))
-			return
-		}
 		g.askLogprobs(*req.Logprobs)
+		if req.Echo {
+			// The prompt's too, as evaluation harnesses read them.
+			g.promptLogprobs = true
+			for i := range g.sampling {
+				g.sampling[i].PromptLogprobs = true
+			}
+		}
 	}
 	s.generate(w, r, g)
 }

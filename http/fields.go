@@ -86,7 +86,7 @@ func (r fieldRule) withCheck(check func(v []byte) string) fieldRule {
 }
 
 const (
-	whyLogprobs   = "log-probabilities of the prompt are not computed by this server"
+	whyLogprobs   = "the prompt's log-probabilities come with echo and logprobs, in OpenAI's shape only"
 	whyTools      = "tool calling is not supported by this server"
 	whyStructured = "structured output (a grammar or a schema) is not supported by this server"
 	whyOpenAIOnly = "it asks for a service of OpenAI's platform that this server does not have"

@@ -357,10 +357,9 @@ func TestMessagePathsNameTheMessage(t *testing.T) {
 	if param, _ := errorParam(t, rec); rec.Code != 400 || param != "messages[1].tool_calls" {
 		t.Fatalf("%d %s", rec.Code, rec.Body)
 	}
-	// Log-probabilities need logprobs set, and are not the prompt's.
+	// Top log-probabilities need logprobs set.
 	for path, body := range map[string]string{
 		"/v1/chat/completions": `{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}`,
-		"/v1/completions":      `{"prompt":"x","echo":true,"logprobs":1}`,
 	} {
 		rec := postField(s, path, body)
 		if param, _ := errorParam(t, rec); rec.Code != 400 || !strings.Contains(param, "logprobs") {

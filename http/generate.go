@@ -39,9 +39,11 @@ type genSpec struct {
 	tokenIDs     bool
 	rank         int
 	cacheSalt    string
-	// logprobs: each token's log-probability and topLogprobs more.
-	logprobs    bool
-	topLogprobs int
+	// logprobs: each token's log-probability and topLogprobs more;
+	// promptLogprobs: the prompt's too (echo).
+	logprobs       bool
+	topLogprobs    int
+	promptLogprobs bool
 }
 
 // askLogprobs asks every request of g for log-probabilities, with top more
@@ -198,6 +200,11 @@ type choice struct {
 	lps        []*engine.TokenLogprobs
 	lpsSent    int
 	textOffset int
+	// promptLps are the prompt's log-probabilities, when asked (the
+	// first set: a moved request computes them again); promptSent is
+	// set once they went to the client.
+	promptLps  []*engine.TokenLogprobs
+	promptSent bool
 	// rank served the latest tokens; -1 before the first.
 	rank int
 	// cached counts the prompt tokens found in the prefix cache.
@@ -375,6 +382,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 			if g.logprobs {
 				c.lps = append(c.lps, ev.Logprobs...)
 			}
+			if g.promptLogprobs && c.promptLps == nil {
+				c.promptLps = ev.PromptLogprobs
+			}
 			if len(ev.Tokens) > 0 {
 				c.rank = ev.Rank
 			}
@@ -465,7 +475,7 @@ func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u
 			ch.PromptTokenIDs, ch.TokenIDs = g.prompts[c.prompt].tokens, c.ids
 		}
 		if g.logprobs {
-			ch.Logprobs = s.completionLogprobs(c)
+			ch.Logprobs = s.completionLogprobs(g, c)
 		}
 		resp.Choices = append(resp.Choices, ch)
 	}
@@ -511,7 +521,7 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 			}
 			ch := completionChoice{Index: ev.Index, Text: text, FinishReason: finish, StopReason: stopReason, TokenIDs: ids}
 			if g.logprobs {
-				ch.Logprobs = s.completionLogprobs(c)
+				ch.Logprobs = s.completionLogprobs(g, c)
 			}
 			if !c.started && g.tokenIDs {
 				ch.PromptTokenIDs = g.prompts[c.prompt].tokens
@@ -617,21 +627,41 @@ func (s *Server) chatLogprobs(c *choice) *chatLogprobs {
 // completionLogprobs are the log-probabilities of c's tokens not yet
 // given to the client, in the completions shape: the top alternatives
 // hold the drawn token too, as vLLM's do.
-func (s *Server) completionLogprobs(c *choice) *completionLogprobs {
-	out := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
-	for i := c.lpsSent; i < len(c.lps) && i < len(c.ids); i++ {
-		lp := c.lps[i]
-		text := s.cfg.Tokenizer.Decode(c.ids[i : i+1])
+func (s *Server) completionLogprobs(g *genSpec, c *choice) *completionLogprobs {
+	out := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []*float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
+	add := func(id uint32, lp *engine.TokenLogprobs) {
+		text := s.cfg.Tokenizer.Decode([]uint32{id})
 		out.Tokens = append(out.Tokens, text)
-		out.TokenLogprobs = append(out.TokenLogprobs, finiteLogprob(lp.Logprob))
-		top := make(map[string]float32, len(lp.TopTokenIds)+1)
-		for j, id := range lp.TopTokenIds {
-			top[s.cfg.Tokenizer.Decode([]uint32{id})] = finiteLogprob(lp.TopLogprobs[j])
-		}
-		top[text] = finiteLogprob(lp.Logprob)
-		out.TopLogprobs = append(out.TopLogprobs, top)
 		out.TextOffset = append(out.TextOffset, c.textOffset)
 		c.textOffset += len(text)
+		if lp == nil {
+			// The prompt's first token has none.
+			out.TokenLogprobs, out.TopLogprobs = append(out.TokenLogprobs, nil), append(out.TopLogprobs, nil)
+			return
+		}
+		x := finiteLogprob(lp.Logprob)
+		out.TokenLogprobs = append(out.TokenLogprobs, &x)
+		top := make(map[string]float32, len(lp.TopTokenIds)+1)
+		for j, t := range lp.TopTokenIds {
+			top[s.cfg.Tokenizer.Decode([]uint32{t})] = finiteLogprob(lp.TopLogprobs[j])
+		}
+		top[text] = x
+		out.TopLogprobs = append(out.TopLogprobs, top)
+	}
+	if g.promptLogprobs && !c.promptSent && c.promptLps != nil {
+		// Echoed, the prompt's tokens come first: each one's given the
+		// tokens before it, none for the first.
+		c.promptSent = true
+		for j, id := range g.prompts[c.prompt].tokens {
+			var lp *engine.TokenLogprobs
+			if j > 0 && j-1 < len(c.promptLps) {
+				lp = c.promptLps[j-1]
+			}
+			add(id, lp)
+		}
+	}
+	for i := c.lpsSent; i < len(c.lps) && i < len(c.ids); i++ {
+		add(c.ids[i], c.lps[i])
 		c.lpsSent = i + 1
 	}
 	return out

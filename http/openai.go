@@ -331,7 +331,7 @@ type chatTopLogprob struct {
 // among them) and offset in the choice's text.
 type completionLogprobs struct {
 	Tokens        []string             `json:"tokens"`
-	TokenLogprobs []float32            `json:"token_logprobs"`
+	TokenLogprobs []*float32           `json:"token_logprobs"`
 	TopLogprobs   []map[string]float32 `json:"top_logprobs"`
 	TextOffset    []int                `json:"text_offset"`
 }

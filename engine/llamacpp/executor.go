@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -173,6 +174,14 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 			return engine.StepResult{}, errors.New("llamacpp: a step without KV sequences; the scheduler needs sequence slots")
 		}
 		s := &dpnodev1.StepSequence{Seq: r.Seq, Pos: int32(r.NumComputed), Tokens: r.Tokens}
+		if r.Sampling != nil && r.Sampling.PromptLogprobs && r.Prompt != nil {
+			// Each prompt token of the step but the prompt's last is
+			// followed by a prompt token, whose log-probability it gives.
+			from, to := r.NumComputed+1, min(r.NumComputed+r.NumNewTokens, len(r.Prompt)-1)+1
+			if from < to {
+				s.PromptLogprobTargets, s.PromptTopLogprobs = r.Prompt[from:to], int32(r.Sampling.TopLogprobs)
+			}
+		}
 		if r.SampleIndex >= 0 {
 			s.Sample = e.sampleParams(r)
 			if r.Sampling.Penalized() {
@@ -192,6 +201,16 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 	e.gapTokens.Add(uint64(done.GapTokens))
 	res := engine.StepResult{Tokens: make([]uint32, len(b.Requests)), Duration: time.Duration(done.ComputeNanos), ComputedTokens: int(done.ComputedTokens),
 		Phases: engine.StepPhases{KVOps: time.Duration(done.KvOpsNanos), Model: time.Duration(done.DecodeNanos), Sample: time.Duration(done.SampleNanos)}}
+	for _, pl := range done.PromptLogprobs {
+		if res.PromptLogprobs == nil {
+			res.PromptLogprobs = make([][]*engine.TokenLogprobs, len(b.Requests))
+		}
+		i := slices.IndexFunc(b.Requests, func(r engine.ScheduledRequest) bool { return r.Seq == pl.Seq })
+		if i < 0 {
+			return engine.StepResult{}, fmt.Errorf("llamacpp: the worker gave prompt log-probabilities of sequence %d, not in the step", pl.Seq)
+		}
+		res.PromptLogprobs[i] = pl.Logprobs
+	}
 	k := 0
 	for i := range b.Requests {
 		if b.Requests[i].SampleIndex < 0 {

@@ -58,16 +58,17 @@ static struct llama_model * dpn_load(const char * path, int vocab_only, int gpu_
 
 // greedy, when not NULL, holds a sampler chain per sequence that
 // llama.cpp runs in its graph (backend sampling).
-static struct llama_context * dpn_context(struct llama_model * m, unsigned n_ctx, unsigned n_batch, unsigned n_seq, int threads,
+static struct llama_context * dpn_context(struct llama_model * m, unsigned n_ctx, unsigned n_batch, unsigned n_seq, unsigned n_outputs, int threads,
                                           int kv_f32, int flash, struct llama_sampler ** greedy) {
 	struct llama_context_params p = llama_context_default_params();
 	p.n_ctx = n_ctx;
 	p.n_batch = n_batch;
 	p.n_ubatch = n_batch < 512 ? n_batch : 512;
 	p.n_seq_max = n_seq;
-	// A step samples at most one token per sequence: logits for more
-	// would only take memory (n_vocab floats a row).
-	p.n_outputs_max = n_seq;
+	// A step samples at most one token per sequence, and gives the
+	// prompt log-probabilities of at most a chunk: logits for more would
+	// only take memory (n_vocab floats a row).
+	p.n_outputs_max = n_outputs;
 	p.type_k = kv_f32 ? GGML_TYPE_F32 : GGML_TYPE_F16;
 	p.type_v = p.type_k;
 	p.flash_attn_type = flash ? LLAMA_FLASH_ATTN_TYPE_AUTO : LLAMA_FLASH_ATTN_TYPE_DISABLED;
@@ -173,6 +174,8 @@ import (
 	"fmt"
 	"strings"
 	"unsafe"
+
+	"github.com/dpnode/dpnode/engine"
 )
 
 // initLibrary loads the backends from dir and sets up logging.
@@ -361,7 +364,7 @@ func newContext(m *model, cells, batch, seqs, threads int, kvF32, flash, greedyI
 	if greedyInGraph {
 		greedy = C.dpn_greedy_chains(C.uint(seqs))
 	}
-	c := C.dpn_context(m.m, C.uint(cells), C.uint(batch), C.uint(seqs), C.int(threads), f32, fa, greedy)
+	c := C.dpn_context(m.m, C.uint(cells), C.uint(batch), C.uint(seqs), C.uint(seqs+engine.PromptLogprobsChunk), C.int(threads), f32, fa, greedy)
 	if c == nil {
 		if greedy != nil {
 			C.dpn_free_chains(greedy, C.uint(seqs))

@@ -127,9 +127,50 @@ type server struct {
 	// greedySteps counts the steps in a row whose rows were all greedy
 	// while the graph's greedy chains were off.
 	greedySteps int
+	// prompts are the step's sequences that asked for prompt
+	// log-probabilities, and where their tokens start in the batch.
+	prompts []promptRows
 	// fillers are the streams a step filled a gap with, and where.
 	fillers     []filler
 	streamCells int32
+}
+
+// promptRows is a sequence of a step whose first tokens' logits give its
+// prompt's log-probabilities: st.Sequences[step], from batch index first.
+type promptRows struct{ step, first int }
+
+// promptLogprobs adds to done the prompt log-probabilities the step's
+// sequences asked for: for each target, the log-softmax of the logits of
+// the token before it, and the top tokens'.
+func (s *server) promptLogprobs(st *dpnodev1.ExecuteStep, done *dpnodev1.StepDone) error {
+	for _, p := range s.prompts {
+		q := st.Sequences[p.step]
+		if q.PromptTopLogprobs < 0 || q.PromptTopLogprobs > sampling.MaxTopLogprobs {
+			return fmt.Errorf("%d top log-probabilities asked, at most %d", q.PromptTopLogprobs, sampling.MaxTopLogprobs)
+		}
+		out := &dpnodev1.PromptLogprobs{Seq: q.Seq, Logprobs: make([]*dpnodev1.TokenLogprobs, len(q.PromptLogprobTargets))}
+		// llama.cpp hands out the rows one at a time; the work on them
+		// runs on every thread.
+		rows := make([][]float32, len(q.PromptLogprobTargets))
+		for j, target := range q.PromptLogprobTargets {
+			if int(target) >= s.ctx.nVocab {
+				return fmt.Errorf("prompt token %d is not in the vocabulary of %d", target, s.ctx.nVocab)
+			}
+			rows[j] = s.ctx.logits(p.first + j)
+		}
+		s.samplers.Rows(len(rows), func(j int, smp *sampling.Sampler) {
+			target, row := q.PromptLogprobTargets[j], rows[j]
+			var top [sampling.MaxTopLogprobs]sampling.Logprob
+			lse, n := smp.Logprobs(row, top[:q.PromptTopLogprobs])
+			lp := &dpnodev1.TokenLogprobs{Logprob: row[target] - lse, TopTokenIds: make([]uint32, n), TopLogprobs: make([]float32, n)}
+			for k := range n {
+				lp.TopTokenIds[k], lp.TopLogprobs[k] = uint32(top[k].Token), top[k].Logprob
+			}
+			out.Logprobs[j] = lp
+		})
+		done.PromptLogprobs = append(done.PromptLogprobs, out)
+	}
+	return nil
 }
 
 // filler is one token put in a stream that is not in the step, at pos,
@@ -355,6 +396,7 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		}
 	}
 	s.fillers = s.fillers[:0]
+	s.prompts = s.prompts[:0]
 	n := 0
 	for k, i := range s.order {
 		q := st.Sequences[i]
@@ -371,12 +413,18 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		if n+len(tokens) > c.nBatch {
 			return nil, fmt.Errorf("a step of more than %d tokens", c.nBatch)
 		}
+		if len(q.PromptLogprobTargets) > len(tokens) {
+			return nil, fmt.Errorf("%d prompt log-probability targets for %d tokens of sequence %d", len(q.PromptLogprobTargets), len(tokens), q.Seq)
+		}
+		if len(q.PromptLogprobTargets) > 0 {
+			s.prompts = append(s.prompts, promptRows{step: i, first: n})
+		}
 		for j, t := range tokens {
 			if int(t) >= c.nVocab {
 				return nil, fmt.Errorf("token %d is not in the vocabulary of %d", t, c.nVocab)
 			}
 			last := j == len(tokens)-1
-			c.batchToken(n, t, q.Pos+int32(j), q.Seq, last && q.Sample != nil)
+			c.batchToken(n, t, q.Pos+int32(j), q.Seq, (last && q.Sample != nil) || j < len(q.PromptLogprobTargets))
 			n++
 		}
 		s.outIndex[i] = int32(n - 1)
@@ -393,7 +441,7 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 			s.params = append(s.params, sp)
 		}
 	}
-	if err := s.placeSampling(); err != nil {
+	if err := s.placeSampling(len(s.prompts) > 0); err != nil {
 		return nil, err
 	}
 	// The requests' tokens: a gap's fillers are not theirs.
@@ -412,6 +460,9 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		}
 	}
 	sampleStart := time.Now()
+	if err := s.promptLogprobs(st, done); err != nil {
+		return nil, err
+	}
 	if c.attached {
 		// Every row is greedy, and llama.cpp took its argmax in the graph.
 		for i := range s.rows {
@@ -481,12 +532,12 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 // chains are on), on the host when any row needs its logits. A row that
 // needs them switches the chains off at once; they come back after
 // reattachAfter steps of greedy rows only.
-func (s *server) placeSampling() error {
+func (s *server) placeSampling(needLogits bool) error {
 	c := s.ctx
 	if c.greedy == nil || len(s.rows) == 0 {
 		return nil
 	}
-	host := false
+	host := needLogits
 	for i := range s.params {
 		if s.params[i].NeedsLogits() {
 			host = true

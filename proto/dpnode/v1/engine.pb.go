@@ -116,10 +116,14 @@ type SamplingParams struct {
 	LogitBias         map[uint32]float32 `protobuf:"bytes,13,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed32,2,opt,name=value"`
 	// Return each token's log-probability, and those of the top_logprobs
 	// most likely tokens.
-	Logprobs      bool  `protobuf:"varint,14,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
-	TopLogprobs   int32 `protobuf:"varint,15,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Logprobs    bool  `protobuf:"varint,14,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs int32 `protobuf:"varint,15,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// Return the prompt's log-probabilities (each token's but the first),
+	// with top_logprobs more each; the prompt is then computed whole, the
+	// prefix cache unused.
+	PromptLogprobs bool `protobuf:"varint,16,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -255,6 +259,13 @@ func (x *SamplingParams) GetTopLogprobs() int32 {
 		return x.TopLogprobs
 	}
 	return 0
+}
+
+func (x *SamplingParams) GetPromptLogprobs() bool {
+	if x != nil {
+		return x.PromptLogprobs
+	}
+	return false
 }
 
 // TokenLogprobs is a drawn token's log-probability under the model's raw
@@ -514,9 +525,12 @@ type RequestOutput struct {
 	// The attempt of the AddRequest this output answers.
 	Attempt uint32 `protobuf:"varint,6,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// One per new token when the request asked for log-probabilities.
-	Logprobs      []*TokenLogprobs `protobuf:"bytes,7,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Logprobs []*TokenLogprobs `protobuf:"bytes,7,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// The prompt's, every token's but the first, on the request's first
+	// output when it asked.
+	PromptLogprobs []*TokenLogprobs `protobuf:"bytes,8,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RequestOutput) Reset() {
@@ -594,6 +608,13 @@ func (x *RequestOutput) GetAttempt() uint32 {
 func (x *RequestOutput) GetLogprobs() []*TokenLogprobs {
 	if x != nil {
 		return x.Logprobs
+	}
+	return nil
+}
+
+func (x *RequestOutput) GetPromptLogprobs() []*TokenLogprobs {
+	if x != nil {
+		return x.PromptLogprobs
 	}
 	return nil
 }
@@ -977,7 +998,7 @@ var File_dpnode_v1_engine_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\n" +
-	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\xe3\x04\n" +
+	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\x8c\x05\n" +
 	"\x0eSamplingParams\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x01 \x01(\rR\tmaxTokens\x12\x1d\n" +
@@ -998,7 +1019,8 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\n" +
 	"logit_bias\x18\r \x03(\v2(.dpnode.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x12\x1a\n" +
 	"\blogprobs\x18\x0e \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\x0f \x01(\x05R\vtopLogprobs\x1a<\n" +
+	"\ftop_logprobs\x18\x0f \x01(\x05R\vtopLogprobs\x12'\n" +
+	"\x0fprompt_logprobs\x18\x10 \x01(\bR\x0epromptLogprobs\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x02R\x05value:\x028\x01B\a\n" +
@@ -1024,7 +1046,7 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	" \x01(\fR\x11promptBlockHashes\"0\n" +
 	"\rAbortRequests\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
-	"requestIds\"\xa2\x02\n" +
+	"requestIds\"\xe5\x02\n" +
 	"\rRequestOutput\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\"\n" +
@@ -1033,7 +1055,8 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\x11num_cached_tokens\x18\x04 \x01(\rR\x0fnumCachedTokens\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12\x18\n" +
 	"\aattempt\x18\x06 \x01(\rR\aattempt\x124\n" +
-	"\blogprobs\x18\a \x03(\v2\x18.dpnode.v1.TokenLogprobsR\blogprobs\"\xba\x01\n" +
+	"\blogprobs\x18\a \x03(\v2\x18.dpnode.v1.TokenLogprobsR\blogprobs\x12A\n" +
+	"\x0fprompt_logprobs\x18\b \x03(\v2\x18.dpnode.v1.TokenLogprobsR\x0epromptLogprobs\"\xba\x01\n" +
 	"\vStepOutputs\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12!\n" +
 	"\fengine_epoch\x18\x02 \x01(\x04R\vengineEpoch\x12\x12\n" +
@@ -1105,13 +1128,14 @@ var file_dpnode_v1_engine_proto_depIdxs = []int32{
 	1,  // 1: dpnode.v1.AddRequest.sampling:type_name -> dpnode.v1.SamplingParams
 	0,  // 2: dpnode.v1.RequestOutput.finish_reason:type_name -> dpnode.v1.FinishReason
 	2,  // 3: dpnode.v1.RequestOutput.logprobs:type_name -> dpnode.v1.TokenLogprobs
-	5,  // 4: dpnode.v1.StepOutputs.outputs:type_name -> dpnode.v1.RequestOutput
-	7,  // 5: dpnode.v1.StepOutputs.stats:type_name -> dpnode.v1.EngineStats
-	6,  // [6:6] is the sub-list for method output_type
-	6,  // [6:6] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	2,  // 4: dpnode.v1.RequestOutput.prompt_logprobs:type_name -> dpnode.v1.TokenLogprobs
+	5,  // 5: dpnode.v1.StepOutputs.outputs:type_name -> dpnode.v1.RequestOutput
+	7,  // 6: dpnode.v1.StepOutputs.stats:type_name -> dpnode.v1.EngineStats
+	7,  // [7:7] is the sub-list for method output_type
+	7,  // [7:7] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_engine_proto_init() }

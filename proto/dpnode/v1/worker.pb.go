@@ -950,9 +950,14 @@ type StepSequence struct {
 	// sampled in its previous step: sampled tokens stay in the worker.
 	Tokens []uint32 `protobuf:"varint,3,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	// Sample a token after the last one computed.
-	Sample        *SampleParams `protobuf:"bytes,4,opt,name=sample,proto3" json:"sample,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Sample *SampleParams `protobuf:"bytes,4,opt,name=sample,proto3" json:"sample,omitempty"`
+	// For a request that asked for its prompt's log-probabilities: the
+	// token that follows each of the first tokens of this step, whose
+	// log-probability (and top_logprobs more) the step returns.
+	PromptLogprobTargets []uint32 `protobuf:"varint,5,rep,packed,name=prompt_logprob_targets,json=promptLogprobTargets,proto3" json:"prompt_logprob_targets,omitempty"`
+	PromptTopLogprobs    int32    `protobuf:"varint,6,opt,name=prompt_top_logprobs,json=promptTopLogprobs,proto3" json:"prompt_top_logprobs,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *StepSequence) Reset() {
@@ -1011,6 +1016,20 @@ func (x *StepSequence) GetSample() *SampleParams {
 		return x.Sample
 	}
 	return nil
+}
+
+func (x *StepSequence) GetPromptLogprobTargets() []uint32 {
+	if x != nil {
+		return x.PromptLogprobTargets
+	}
+	return nil
+}
+
+func (x *StepSequence) GetPromptTopLogprobs() int32 {
+	if x != nil {
+		return x.PromptTopLogprobs
+	}
+	return 0
 }
 
 // SampleParams say how one token is sampled.
@@ -1180,6 +1199,60 @@ func (x *SampleParams) GetTopLogprobs() int32 {
 	return 0
 }
 
+// PromptLogprobs are one sequence's prompt log-probabilities of a step,
+// one per target, in order.
+type PromptLogprobs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Seq           int32                  `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
+	Logprobs      []*TokenLogprobs       `protobuf:"bytes,2,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromptLogprobs) Reset() {
+	*x = PromptLogprobs{}
+	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromptLogprobs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromptLogprobs) ProtoMessage() {}
+
+func (x *PromptLogprobs) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromptLogprobs.ProtoReflect.Descriptor instead.
+func (*PromptLogprobs) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PromptLogprobs) GetSeq() int32 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *PromptLogprobs) GetLogprobs() []*TokenLogprobs {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
 // PenaltyHistory is a request's tokens so far.
 type PenaltyHistory struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1191,7 +1264,7 @@ type PenaltyHistory struct {
 
 func (x *PenaltyHistory) Reset() {
 	*x = PenaltyHistory{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1276,7 @@ func (x *PenaltyHistory) String() string {
 func (*PenaltyHistory) ProtoMessage() {}
 
 func (x *PenaltyHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1289,7 @@ func (x *PenaltyHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PenaltyHistory.ProtoReflect.Descriptor instead.
 func (*PenaltyHistory) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{10}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PenaltyHistory) GetPrompt() []uint32 {
@@ -1240,6 +1313,8 @@ type StepDone struct {
 	// When a sequence asked for them, one per token, in order: empty for the
 	// sequences that did not ask.
 	Logprobs []*TokenLogprobs `protobuf:"bytes,8,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// The prompt log-probabilities the step's sequences asked for.
+	PromptLogprobs []*PromptLogprobs `protobuf:"bytes,9,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
 	// Tokens computed in the step.
 	ComputedTokens uint32 `protobuf:"varint,2,opt,name=computed_tokens,json=computedTokens,proto3" json:"computed_tokens,omitempty"`
 	// The worker's whole time on the step, from reading it to having its
@@ -1263,7 +1338,7 @@ type StepDone struct {
 
 func (x *StepDone) Reset() {
 	*x = StepDone{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1275,7 +1350,7 @@ func (x *StepDone) String() string {
 func (*StepDone) ProtoMessage() {}
 
 func (x *StepDone) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1288,7 +1363,7 @@ func (x *StepDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepDone.ProtoReflect.Descriptor instead.
 func (*StepDone) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{11}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StepDone) GetTokens() []uint32 {
@@ -1301,6 +1376,13 @@ func (x *StepDone) GetTokens() []uint32 {
 func (x *StepDone) GetLogprobs() []*TokenLogprobs {
 	if x != nil {
 		return x.Logprobs
+	}
+	return nil
+}
+
+func (x *StepDone) GetPromptLogprobs() []*PromptLogprobs {
+	if x != nil {
+		return x.PromptLogprobs
 	}
 	return nil
 }
@@ -1360,7 +1442,7 @@ type TokenizeText struct {
 
 func (x *TokenizeText) Reset() {
 	*x = TokenizeText{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1454,7 @@ func (x *TokenizeText) String() string {
 func (*TokenizeText) ProtoMessage() {}
 
 func (x *TokenizeText) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1467,7 @@ func (x *TokenizeText) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenizeText.ProtoReflect.Descriptor instead.
 func (*TokenizeText) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{12}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TokenizeText) GetText() string {
@@ -1418,7 +1500,7 @@ type TokenIds struct {
 
 func (x *TokenIds) Reset() {
 	*x = TokenIds{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1430,7 +1512,7 @@ func (x *TokenIds) String() string {
 func (*TokenIds) ProtoMessage() {}
 
 func (x *TokenIds) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1443,7 +1525,7 @@ func (x *TokenIds) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenIds.ProtoReflect.Descriptor instead.
 func (*TokenIds) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{13}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TokenIds) GetIds() []uint32 {
@@ -1461,7 +1543,7 @@ type GetVocabulary struct {
 
 func (x *GetVocabulary) Reset() {
 	*x = GetVocabulary{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1555,7 @@ func (x *GetVocabulary) String() string {
 func (*GetVocabulary) ProtoMessage() {}
 
 func (x *GetVocabulary) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1568,7 @@ func (x *GetVocabulary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVocabulary.ProtoReflect.Descriptor instead.
 func (*GetVocabulary) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{14}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{15}
 }
 
 // Vocabulary gives every token's text as generated output shows it: the
@@ -1502,7 +1584,7 @@ type Vocabulary struct {
 
 func (x *Vocabulary) Reset() {
 	*x = Vocabulary{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1514,7 +1596,7 @@ func (x *Vocabulary) String() string {
 func (*Vocabulary) ProtoMessage() {}
 
 func (x *Vocabulary) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1527,7 +1609,7 @@ func (x *Vocabulary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Vocabulary.ProtoReflect.Descriptor instead.
 func (*Vocabulary) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{15}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Vocabulary) GetPieces() []byte {
@@ -1553,7 +1635,7 @@ type WorkerError struct {
 
 func (x *WorkerError) Reset() {
 	*x = WorkerError{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[16]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1565,7 +1647,7 @@ func (x *WorkerError) String() string {
 func (*WorkerError) ProtoMessage() {}
 
 func (x *WorkerError) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[16]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1578,7 +1660,7 @@ func (x *WorkerError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerError.ProtoReflect.Descriptor instead.
 func (*WorkerError) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{16}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WorkerError) GetMessage() string {
@@ -1668,12 +1750,14 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\bKVRemove\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x12\x0e\n" +
 	"\x02p0\x18\x02 \x01(\x05R\x02p0\x12\x0e\n" +
-	"\x02p1\x18\x03 \x01(\x05R\x02p1\"{\n" +
+	"\x02p1\x18\x03 \x01(\x05R\x02p1\"\xe1\x01\n" +
 	"\fStepSequence\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x12\x10\n" +
 	"\x03pos\x18\x02 \x01(\x05R\x03pos\x12\x16\n" +
 	"\x06tokens\x18\x03 \x03(\rR\x06tokens\x12/\n" +
-	"\x06sample\x18\x04 \x01(\v2\x17.dpnode.v1.SampleParamsR\x06sample\"\x85\x04\n" +
+	"\x06sample\x18\x04 \x01(\v2\x17.dpnode.v1.SampleParamsR\x06sample\x124\n" +
+	"\x16prompt_logprob_targets\x18\x05 \x03(\rR\x14promptLogprobTargets\x12.\n" +
+	"\x13prompt_top_logprobs\x18\x06 \x01(\x05R\x11promptTopLogprobs\"\x85\x04\n" +
 	"\fSampleParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x13\n" +
@@ -1689,13 +1773,17 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x11logit_bias_values\x18\v \x03(\x02R\x0flogitBiasValues\x123\n" +
 	"\ahistory\x18\f \x01(\v2\x19.dpnode.v1.PenaltyHistoryR\ahistory\x12\x1a\n" +
 	"\blogprobs\x18\r \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\x0e \x01(\x05R\vtopLogprobs\"@\n" +
+	"\ftop_logprobs\x18\x0e \x01(\x05R\vtopLogprobs\"X\n" +
+	"\x0ePromptLogprobs\x12\x10\n" +
+	"\x03seq\x18\x01 \x01(\x05R\x03seq\x124\n" +
+	"\blogprobs\x18\x02 \x03(\v2\x18.dpnode.v1.TokenLogprobsR\blogprobs\"@\n" +
 	"\x0ePenaltyHistory\x12\x16\n" +
 	"\x06prompt\x18\x01 \x03(\rR\x06prompt\x12\x16\n" +
-	"\x06output\x18\x02 \x03(\rR\x06output\"\xad\x02\n" +
+	"\x06output\x18\x02 \x03(\rR\x06output\"\xf1\x02\n" +
 	"\bStepDone\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\rR\x06tokens\x124\n" +
-	"\blogprobs\x18\b \x03(\v2\x18.dpnode.v1.TokenLogprobsR\blogprobs\x12'\n" +
+	"\blogprobs\x18\b \x03(\v2\x18.dpnode.v1.TokenLogprobsR\blogprobs\x12B\n" +
+	"\x0fprompt_logprobs\x18\t \x03(\v2\x19.dpnode.v1.PromptLogprobsR\x0epromptLogprobs\x12'\n" +
 	"\x0fcomputed_tokens\x18\x02 \x01(\rR\x0ecomputedTokens\x12#\n" +
 	"\rcompute_nanos\x18\x03 \x01(\x03R\fcomputeNanos\x12 \n" +
 	"\fkv_ops_nanos\x18\x04 \x01(\x03R\n" +
@@ -1736,7 +1824,7 @@ func file_dpnode_v1_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_dpnode_v1_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_dpnode_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_dpnode_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_dpnode_v1_worker_proto_goTypes = []any{
 	(GreedyInGraph)(0),     // 0: dpnode.v1.GreedyInGraph
 	(*WorkerRequest)(nil),  // 1: dpnode.v1.WorkerRequest
@@ -1749,38 +1837,41 @@ var file_dpnode_v1_worker_proto_goTypes = []any{
 	(*KVRemove)(nil),       // 8: dpnode.v1.KVRemove
 	(*StepSequence)(nil),   // 9: dpnode.v1.StepSequence
 	(*SampleParams)(nil),   // 10: dpnode.v1.SampleParams
-	(*PenaltyHistory)(nil), // 11: dpnode.v1.PenaltyHistory
-	(*StepDone)(nil),       // 12: dpnode.v1.StepDone
-	(*TokenizeText)(nil),   // 13: dpnode.v1.TokenizeText
-	(*TokenIds)(nil),       // 14: dpnode.v1.TokenIds
-	(*GetVocabulary)(nil),  // 15: dpnode.v1.GetVocabulary
-	(*Vocabulary)(nil),     // 16: dpnode.v1.Vocabulary
-	(*WorkerError)(nil),    // 17: dpnode.v1.WorkerError
-	(*TokenLogprobs)(nil),  // 18: dpnode.v1.TokenLogprobs
+	(*PromptLogprobs)(nil), // 11: dpnode.v1.PromptLogprobs
+	(*PenaltyHistory)(nil), // 12: dpnode.v1.PenaltyHistory
+	(*StepDone)(nil),       // 13: dpnode.v1.StepDone
+	(*TokenizeText)(nil),   // 14: dpnode.v1.TokenizeText
+	(*TokenIds)(nil),       // 15: dpnode.v1.TokenIds
+	(*GetVocabulary)(nil),  // 16: dpnode.v1.GetVocabulary
+	(*Vocabulary)(nil),     // 17: dpnode.v1.Vocabulary
+	(*WorkerError)(nil),    // 18: dpnode.v1.WorkerError
+	(*TokenLogprobs)(nil),  // 19: dpnode.v1.TokenLogprobs
 }
 var file_dpnode_v1_worker_proto_depIdxs = []int32{
 	3,  // 0: dpnode.v1.WorkerRequest.load:type_name -> dpnode.v1.LoadModel
 	5,  // 1: dpnode.v1.WorkerRequest.step:type_name -> dpnode.v1.ExecuteStep
-	13, // 2: dpnode.v1.WorkerRequest.tokenize:type_name -> dpnode.v1.TokenizeText
-	15, // 3: dpnode.v1.WorkerRequest.vocabulary:type_name -> dpnode.v1.GetVocabulary
+	14, // 2: dpnode.v1.WorkerRequest.tokenize:type_name -> dpnode.v1.TokenizeText
+	16, // 3: dpnode.v1.WorkerRequest.vocabulary:type_name -> dpnode.v1.GetVocabulary
 	4,  // 4: dpnode.v1.WorkerReply.ready:type_name -> dpnode.v1.ModelReady
-	12, // 5: dpnode.v1.WorkerReply.step:type_name -> dpnode.v1.StepDone
-	14, // 6: dpnode.v1.WorkerReply.tokens:type_name -> dpnode.v1.TokenIds
-	16, // 7: dpnode.v1.WorkerReply.vocabulary:type_name -> dpnode.v1.Vocabulary
-	17, // 8: dpnode.v1.WorkerReply.error:type_name -> dpnode.v1.WorkerError
+	13, // 5: dpnode.v1.WorkerReply.step:type_name -> dpnode.v1.StepDone
+	15, // 6: dpnode.v1.WorkerReply.tokens:type_name -> dpnode.v1.TokenIds
+	17, // 7: dpnode.v1.WorkerReply.vocabulary:type_name -> dpnode.v1.Vocabulary
+	18, // 8: dpnode.v1.WorkerReply.error:type_name -> dpnode.v1.WorkerError
 	0,  // 9: dpnode.v1.LoadModel.greedy_in_graph:type_name -> dpnode.v1.GreedyInGraph
 	6,  // 10: dpnode.v1.ExecuteStep.ops:type_name -> dpnode.v1.KVOp
 	9,  // 11: dpnode.v1.ExecuteStep.sequences:type_name -> dpnode.v1.StepSequence
 	7,  // 12: dpnode.v1.KVOp.copy:type_name -> dpnode.v1.KVCopy
 	8,  // 13: dpnode.v1.KVOp.remove:type_name -> dpnode.v1.KVRemove
 	10, // 14: dpnode.v1.StepSequence.sample:type_name -> dpnode.v1.SampleParams
-	11, // 15: dpnode.v1.SampleParams.history:type_name -> dpnode.v1.PenaltyHistory
-	18, // 16: dpnode.v1.StepDone.logprobs:type_name -> dpnode.v1.TokenLogprobs
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	12, // 15: dpnode.v1.SampleParams.history:type_name -> dpnode.v1.PenaltyHistory
+	19, // 16: dpnode.v1.PromptLogprobs.logprobs:type_name -> dpnode.v1.TokenLogprobs
+	19, // 17: dpnode.v1.StepDone.logprobs:type_name -> dpnode.v1.TokenLogprobs
+	11, // 18: dpnode.v1.StepDone.prompt_logprobs:type_name -> dpnode.v1.PromptLogprobs
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_worker_proto_init() }
@@ -1812,7 +1903,7 @@ func file_dpnode_v1_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpnode_v1_worker_proto_rawDesc), len(file_dpnode_v1_worker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

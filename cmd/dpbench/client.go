@@ -27,6 +27,9 @@ type Target struct {
 	// Temperature, when set, is sent with every request (0: greedy);
 	// otherwise the server's default applies.
 	Temperature *float64
+	// Logprobs, when set, asks every request for its tokens'
+	// log-probabilities and this many top ones each.
+	Logprobs *int
 }
 
 // NewHTTPClient returns a client for load: connections are reused and
@@ -101,6 +104,7 @@ type completionBody struct {
 	MaxTokens     int      `json:"max_tokens"`
 	IgnoreEOS     bool     `json:"ignore_eos"`
 	Temperature   *float64 `json:"temperature,omitempty"`
+	Logprobs      *int     `json:"logprobs,omitempty"`
 	Stream        bool     `json:"stream"`
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
@@ -140,7 +144,7 @@ func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 		o.E2E = time.Since(sent)
 		return o
 	}
-	body := completionBody{Model: t.Model, Prompt: it.Prompt, MaxTokens: it.MaxTokens, IgnoreEOS: true, Temperature: t.Temperature, Stream: !t.NoStream}
+	body := completionBody{Model: t.Model, Prompt: it.Prompt, MaxTokens: it.MaxTokens, IgnoreEOS: true, Temperature: t.Temperature, Logprobs: t.Logprobs, Stream: !t.NoStream}
 	if body.Stream {
 		body.StreamOptions = &struct {
 			IncludeUsage bool `json:"include_usage"`

@@ -64,6 +64,7 @@ type options struct {
 	noKeepAlive    bool
 	temperature    float64
 	temperatureSet bool
+	logprobs       int
 	detail         bool
 	simulate       bool
 	ranks          int
@@ -140,6 +141,7 @@ inter-token gaps of a long run) read from log buckets, within 0.4%.`,
 	f.BoolVar(&o.noStream, "no-stream", false, "ask for whole responses: end-to-end latency only, at the least client cost (TTFT then reads as E2E)")
 	f.BoolVar(&o.noKeepAlive, "no-keepalive", false, "a connection per request (for servers that close idle connections under the client, which POSTs cannot be retried on)")
 	f.Float64Var(&o.temperature, "temperature", 0, "send this temperature with every request (default: the server's; 0 is greedy)")
+	f.IntVar(&o.logprobs, "logprobs", -1, "ask every request for its tokens' log-probabilities and this many top ones each (-1: none)")
 	f.BoolVar(&o.detail, "detail", false, "also write every request's timings to --out (start, TTFT, end-to-end, prompt, cached and output tokens, error)")
 	f.BoolVar(&o.simulate, "simulate", false, "run the virtual-time simulator instead of an endpoint")
 	f.IntVar(&o.ranks, "ranks", 4, "simulated data-parallel ranks")
@@ -199,6 +201,9 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		}
 		if o.temperatureSet {
 			t.Temperature = &o.temperature
+		}
+		if o.logprobs >= 0 {
+			t.Logprobs = &o.logprobs
 		}
 		if t.Model == "" {
 			if t.Model, err = t.DiscoverModel(ctx); err != nil {

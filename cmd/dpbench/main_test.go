@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -198,6 +201,37 @@ func TestBareServerIsAnEndpoint(t *testing.T) {
 	s := rep.Runs[0]
 	if s.Completed != 40 || s.OutputTokenThroughput <= 0 || s.ITL.P50 < 0 {
 		t.Fatalf("%+v", s)
+	}
+}
+
+// TestLogprobsAreAsked: --logprobs N puts logprobs N in every request, and
+// without it no request has the field.
+func TestLogprobsAreAsked(t *testing.T) {
+	for _, flag := range []string{"", "5"} {
+		var mu sync.Mutex
+		seen := map[string]int{}
+		bare := bareHandler("bare-model")
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPost {
+				body, _ := io.ReadAll(r.Body)
+				var req map[string]json.RawMessage
+				_ = json.Unmarshal(body, &req)
+				mu.Lock()
+				seen[string(req["logprobs"])]++
+				mu.Unlock()
+				r.Body = io.NopCloser(bytes.NewReader(body))
+			}
+			bare.ServeHTTP(w, r)
+		}))
+		args := []string{"--url", srv.URL, "--metrics-url", "none", "--concurrency", "2", "--requests", "6", "--output-len", "fixed:2", "--input-len", "fixed:4"}
+		if flag != "" {
+			args = append(args, "--logprobs", flag)
+		}
+		runArgs(t, args...)
+		srv.Close()
+		if len(seen) != 1 || seen[flag] < 6 {
+			t.Fatalf("--logprobs %q: the requests' logprobs fields %v", flag, seen)
+		}
 	}
 }
 

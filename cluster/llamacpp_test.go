@@ -790,10 +790,11 @@ type completionLogprobsOf struct {
 }
 
 // TestLlamaCppPromptLogprobs is what evaluation harnesses ask (lm-eval's
-// loglikelihood): a token-id prompt, echo, logprobs 1, one token. The
-// prompt's log-probabilities, computed in chunks past the prefix cache,
-// are those a greedy continuation drew its tokens with, and the same on
-// both ranks and when the prompt was cached.
+// loglikelihood): a token-id prompt, echo, logprobs 1, one token. A greedy
+// continuation's log-probabilities are the log-softmax of llama.cpp's own
+// logits (the reference program's); as prompt, computed in chunks past the
+// prefix cache, its tokens have the same, on both ranks and when the prompt
+// was cached.
 func TestLlamaCppPromptLogprobs(t *testing.T) {
 	n := startLlamaNode(t)
 	prompt := prompts(4)[3] // 116 tokens: two chunks and more
@@ -809,6 +810,17 @@ func TestLlamaCppPromptLogprobs(t *testing.T) {
 	cont := gen.Choices[0].TokenIDs
 	if len(cont) != 12 || len(gen.Choices[0].Logprobs.TokenLogprobs) != 12 {
 		t.Fatalf("continuation %v, logprobs %+v", cont, gen.Choices[0].Logprobs)
+	}
+	// They are llama.cpp's own: its greedy tokens, and the log-softmax of
+	// its logits, from the reference program.
+	refIDs, refLps := llamacpptest.GreedyLogprobs(t, llamacpptest.Model(t), "f32", 12, [][]uint32{prompt})
+	if !slices.Equal(cont, refIDs[0]) {
+		t.Fatalf("continuation %v, llama.cpp's %v", cont, refIDs[0])
+	}
+	for j, want := range refLps[0] {
+		if got := gen.Choices[0].Logprobs.TokenLogprobs[j]; math.Abs(got-want) > 1e-4 {
+			t.Fatalf("token %d: log-probability %v, llama.cpp's logits give %v", j, got, want)
+		}
 	}
 	whole := append(slices.Clone(prompt), cont...)
 	type echoed struct {
@@ -837,7 +849,7 @@ func TestLlamaCppPromptLogprobs(t *testing.T) {
 		// they were drawn with.
 		for j := range cont {
 			got, want := *lp.TokenLogprobs[len(prompt)+j], gen.Choices[0].Logprobs.TokenLogprobs[j]
-			if math.Abs(got-want) > 1e-3 {
+			if math.Abs(got-want) > 1e-4 {
 				t.Fatalf("rank %s, continuation token %d: %v as prompt, %v drawn", rank, j, got, want)
 			}
 		}

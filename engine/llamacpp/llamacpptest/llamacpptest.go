@@ -156,7 +156,7 @@ func reference(t testing.TB) string {
 			flavour = ".cuda"
 		}
 		cmd := exec.Command("cc", "-O2", "-o", refPath, prog, "-I"+filepath.Join(src, "include"), "-I"+filepath.Join(src, "ggml", "include"),
-			"-L"+libs, "-l:libllama"+flavour+".v0.4.0.so", "-l:libggml"+flavour+".v0.4.0.so", "-l:libggml-base.so", "-Wl,-rpath,"+libs)
+			"-L"+libs, "-l:libllama"+flavour+".v0.4.0.so", "-l:libggml"+flavour+".v0.4.0.so", "-l:libggml-base.so", "-lm", "-Wl,-rpath,"+libs)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			refErr = fmt.Errorf("building the reference: %v\n%s", err, out)
 		}
@@ -173,9 +173,23 @@ func reference(t testing.TB) string {
 // shared among a reference process per core.
 func Greedy(t testing.TB, model, kvType string, maxTokens int, prompts [][]uint32) [][]uint32 {
 	t.Helper()
+	ids, _ := greedy(t, model, kvType, maxTokens, prompts, false)
+	return ids
+}
+
+// GreedyLogprobs is Greedy with each token's log-probability, the
+// log-softmax of llama.cpp's logits computed in float64.
+func GreedyLogprobs(t testing.TB, model, kvType string, maxTokens int, prompts [][]uint32) ([][]uint32, [][]float64) {
+	t.Helper()
+	return greedy(t, model, kvType, maxTokens, prompts, true)
+}
+
+func greedy(t testing.TB, model, kvType string, maxTokens int, prompts [][]uint32, logprobs bool) ([][]uint32, [][]float64) {
+	t.Helper()
 	bin, libs := reference(t), BackendDir(t)
 	procs := min(runtime.NumCPU(), len(prompts))
 	res := make([][]uint32, len(prompts))
+	lps := make([][]float64, len(prompts))
 	errs := make([]error, procs)
 	var wg sync.WaitGroup
 	for w := range procs {
@@ -194,7 +208,11 @@ func Greedy(t testing.TB, model, kvType string, maxTokens int, prompts [][]uint3
 				}
 				in.WriteByte('\n')
 			}
-			cmd := exec.Command(bin, model, libs, kvType, strconv.Itoa(maxTokens))
+			args := []string{model, libs, kvType, strconv.Itoa(maxTokens)}
+			if logprobs {
+				args = append(args, "logprobs")
+			}
+			cmd := exec.Command(bin, args...)
 			cmd.Stdin = &in
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
@@ -210,12 +228,17 @@ func Greedy(t testing.TB, model, kvType string, maxTokens int, prompts [][]uint3
 			}
 			for k, line := range lines {
 				for _, f := range strings.Fields(line) {
-					n, err := strconv.Atoi(f)
-					if err != nil {
+					id, lp, _ := strings.Cut(f, ":")
+					n, err := strconv.Atoi(id)
+					x, lpErr := strconv.ParseFloat(lp, 64)
+					if err != nil || (logprobs && lpErr != nil) {
 						errs[w] = fmt.Errorf("the reference printed %q", line)
 						return
 					}
 					res[mine[k]] = append(res[mine[k]], uint32(n))
+					if logprobs {
+						lps[mine[k]] = append(lps[mine[k]], x)
+					}
 				}
 			}
 		})
@@ -226,5 +249,5 @@ func Greedy(t testing.TB, model, kvType string, maxTokens int, prompts [][]uint3
 			t.Fatal(err)
 		}
 	}
-	return res
+	return res, lps
 }

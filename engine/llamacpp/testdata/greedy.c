@@ -4,10 +4,13 @@
 // one sequence, the whole prompt in one decode, then one token at a time,
 // argmax of the logits.
 //
-// usage: greedy MODEL BACKEND_DIR KV_TYPE(f16|f32) MAX_TOKENS < prompts
+// usage: greedy MODEL BACKEND_DIR KV_TYPE(f16|f32) MAX_TOKENS [logprobs] < prompts
 // Each line of stdin is a prompt of space-separated token ids; each line
 // of stdout is its continuation, MAX_TOKENS ids, end-of-generation tokens
-// included: the caller stops where its request would.
+// included: the caller stops where its request would. With "logprobs",
+// each id is followed by ":" and its log-probability, the log-softmax of
+// the logits computed in double.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,10 +23,11 @@ static void quiet(enum ggml_log_level level, const char * text, void * user) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: %s MODEL BACKEND_DIR f16|f32 MAX_TOKENS < prompts\n", argv[0]);
+    if (argc != 5 && !(argc == 6 && strcmp(argv[5], "logprobs") == 0)) {
+        fprintf(stderr, "usage: %s MODEL BACKEND_DIR f16|f32 MAX_TOKENS [logprobs] < prompts\n", argv[0]);
         return 2;
     }
+    int logprobs = argc == 6;
     int f32 = strcmp(argv[3], "f32") == 0;
     int max_tokens = atoi(argv[4]);
     llama_log_set(quiet, NULL);
@@ -69,6 +73,11 @@ int main(int argc, char ** argv) {
             int best = 0;
             for (int v = 1; v < n_vocab; v++) if (logits[v] > logits[best]) best = v;
             printf(t ? " %d" : "%d", best);
+            if (logprobs) {
+                double sum = 0;
+                for (int v = 0; v < n_vocab; v++) sum += exp((double)logits[v] - (double)logits[best]);
+                printf(":%.9g", -log(sum));
+            }
             batch.token[0] = best;
             batch.pos[0] = pos++;
             batch.n_seq_id[0] = 1;

@@ -910,3 +910,31 @@ func (n *llamaNode) tryPostJSON(path string, body map[string]any, out any, heade
 	}
 	return nil
 }
+
+// TestLlamaCppSpecialTokensKeptOnRequest: a special token (Llama 3's
+// <|eot_id|>, forced by a logit bias past ignore_eos) is left out of the
+// text by default and written as its text with skip_special_tokens false,
+// the way /tokenize reads it back.
+func TestLlamaCppSpecialTokensKeptOnRequest(t *testing.T) {
+	n := startLlamaNode(t)
+	text := func(skip bool) string {
+		var c completion
+		n.postJSON(t, "/v1/completions", map[string]any{"prompt": "Hello", "max_tokens": 3, "temperature": 0, "ignore_eos": true,
+			"logit_bias": map[string]float64{"128009": 100}, "skip_special_tokens": skip}, &c)
+		return c.Choices[0].Text
+	}
+	if got := text(true); got != "" {
+		t.Fatalf("special tokens skipped: %q", got)
+	}
+	kept := text(false)
+	if kept != "<|eot_id|><|eot_id|><|eot_id|>" {
+		t.Fatalf("special tokens kept: %q", kept)
+	}
+	var tk struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	n.postJSON(t, "/tokenize", map[string]any{"prompt": kept, "add_special_tokens": false}, &tk)
+	if !slices.Equal(tk.Tokens, []uint32{128009, 128009, 128009}) {
+		t.Fatalf("%q tokenizes as %v", kept, tk.Tokens)
+	}
+}

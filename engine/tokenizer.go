@@ -14,6 +14,14 @@ type Tokenizer interface {
 	Decode(ids []uint32) string
 }
 
+// SpecialTokenizer is a Tokenizer that can also write special tokens as
+// their text, for output that keeps them (skip_special_tokens false).
+//
+// Concurrency: safe for concurrent use.
+type SpecialTokenizer interface {
+	DecodeSpecial(ids []uint32) string
+}
+
 // Vocabulary is what a Tokenizer may tell of its model's vocabulary, so
 // that a request can be checked before any work is done for it.
 //

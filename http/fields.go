@@ -117,8 +117,10 @@ var commonFieldRules = []fieldRule{
 	applied("return_token_ids"),
 	applied("repetition_penalty").withCheck(numberAbove(0)),
 	applied("min_p").withCheck(numberFromTo(0, 1)),
-	refused("skip_special_tokens", nullOrBool(true), "special tokens are always left out of the text"),
-	refused("spaces_between_special_tokens", nullOrBool(true), "special tokens are always left out of the text"),
+	applied("skip_special_tokens").notSimulated(nullOrBool(true), "its special tokens have no text"),
+	// vLLM adds no spaces around special tokens with a fast tokenizer,
+	// whatever this says; nor does dpnode.
+	applied("spaces_between_special_tokens"),
 	refused("prompt_logprobs", nullOrNumber(0), whyLogprobs),
 	refused("use_beam_search", nullOrBool(false), "beam search is not supported by this server"),
 	refused("length_penalty", nullOrNumber(1), "beam search is not supported by this server"),

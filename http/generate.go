@@ -44,6 +44,9 @@ type genSpec struct {
 	logprobs       bool
 	topLogprobs    int
 	promptLogprobs bool
+	// decode writes output tokens as text: without special tokens, or
+	// with them (skip_special_tokens false).
+	decode func(ids []uint32) string
 }
 
 // askLogprobs asks every request of g for log-probabilities, with top more
@@ -111,6 +114,14 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 	}
 	if e := s.checkTokenIDs(biased, "logit_bias"); e != nil {
 		return nil, e
+	}
+	g.decode = s.cfg.Tokenizer.Decode
+	if p.SkipSpecialTokens != nil && !*p.SkipSpecialTokens {
+		st, ok := s.cfg.Tokenizer.(engine.SpecialTokenizer)
+		if !ok {
+			return nil, badRequest("skip_special_tokens false is not supported: this model's tokenizer cannot write its special tokens", "skip_special_tokens")
+		}
+		g.decode = st.DecodeSpecial
 	}
 	g.includeUsage = p.StreamOptions != nil && p.StreamOptions.IncludeUsage
 	if p.CacheSalt != nil {
@@ -402,7 +413,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 				c.stopReason = text[n-1]
 			}
 			reason := ev.Finish
-			if len(text) > 0 && c.addText(s.cfg.Tokenizer.Decode(text), g.stops, g.includeStop) {
+			if len(text) > 0 && c.addText(g.decode(text), g.stops, g.includeStop) {
 				reason = engine.FinishedStop
 				s.cfg.Backend.Abort(c.subID)
 			}
@@ -457,7 +468,7 @@ func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u
 				ch.TokenIDs = c.ids
 			}
 			if g.logprobs {
-				ch.Logprobs = s.chatLogprobs(c)
+				ch.Logprobs = s.chatLogprobs(g, c)
 			}
 			resp.Choices = append(resp.Choices, ch)
 		}
@@ -509,7 +520,7 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 		if g.chat {
 			ch := chatChunkChoice{Index: ev.Index, Delta: chatDelta{Content: &text}, FinishReason: finish, StopReason: stopReason, TokenIDs: ids}
 			if g.logprobs {
-				ch.Logprobs = s.chatLogprobs(c)
+				ch.Logprobs = s.chatLogprobs(g, c)
 			}
 			if !c.started {
 				ch.Delta.Role = "assistant"
@@ -607,15 +618,15 @@ func byteValues(s string) []int {
 
 // chatLogprobs are the log-probabilities of c's tokens not yet given to
 // the client, in the chat shape.
-func (s *Server) chatLogprobs(c *choice) *chatLogprobs {
+func (s *Server) chatLogprobs(g *genSpec, c *choice) *chatLogprobs {
 	out := &chatLogprobs{Content: []chatTokenLogprob{}}
 	for i := c.lpsSent; i < len(c.lps) && i < len(c.ids); i++ {
 		lp := c.lps[i]
-		text := s.cfg.Tokenizer.Decode(c.ids[i : i+1])
+		text := g.decode(c.ids[i : i+1])
 		e := chatTokenLogprob{Token: text, Logprob: finiteLogprob(lp.Logprob), Bytes: byteValues(text),
 			TopLogprobs: make([]chatTopLogprob, 0, len(lp.TopTokenIds))}
 		for j, id := range lp.TopTokenIds {
-			t := s.cfg.Tokenizer.Decode([]uint32{id})
+			t := g.decode([]uint32{id})
 			e.TopLogprobs = append(e.TopLogprobs, chatTopLogprob{Token: t, Logprob: finiteLogprob(lp.TopLogprobs[j]), Bytes: byteValues(t)})
 		}
 		out.Content = append(out.Content, e)
@@ -630,7 +641,7 @@ func (s *Server) chatLogprobs(c *choice) *chatLogprobs {
 func (s *Server) completionLogprobs(g *genSpec, c *choice) *completionLogprobs {
 	out := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []*float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
 	add := func(id uint32, lp *engine.TokenLogprobs) {
-		text := s.cfg.Tokenizer.Decode([]uint32{id})
+		text := g.decode([]uint32{id})
 		out.Tokens = append(out.Tokens, text)
 		out.TextOffset = append(out.TextOffset, c.textOffset)
 		c.textOffset += len(text)
@@ -643,7 +654,7 @@ func (s *Server) completionLogprobs(g *genSpec, c *choice) *completionLogprobs {
 		out.TokenLogprobs = append(out.TokenLogprobs, &x)
 		top := make(map[string]float32, len(lp.TopTokenIds)+1)
 		for j, t := range lp.TopTokenIds {
-			top[s.cfg.Tokenizer.Decode([]uint32{t})] = finiteLogprob(lp.TopLogprobs[j])
+			top[g.decode([]uint32{t})] = finiteLogprob(lp.TopLogprobs[j])
 		}
 		top[text] = x
 		out.TopLogprobs = append(out.TopLogprobs, top)

@@ -186,6 +186,8 @@ type commonParams struct {
 	FrequencyPenalty    *float64           `json:"frequency_penalty"`
 	RepetitionPenalty   *float64           `json:"repetition_penalty"`
 	MinP                *float64           `json:"min_p"`
+	// SkipSpecialTokens false writes special tokens as their text.
+	SkipSpecialTokens *bool `json:"skip_special_tokens"`
 	// CacheSalt keeps the call's prefix-cache blocks apart from other
 	// salts' (vLLM's cache_salt): a tenant that sends its own salt neither
 	// hits nor learns of another's cached prompts through cached_tokens.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,11 +30,15 @@ type Tokenizer struct {
 	w      *Worker
 	ready  *dpnodev1.ModelReady
 	pieces []string
+	// special is the text of the tokens whose piece is empty but whose
+	// text output that keeps special tokens shows.
+	special map[uint32]string
 }
 
 var (
-	_ engine.Tokenizer  = (*Tokenizer)(nil)
-	_ engine.Vocabulary = (*Tokenizer)(nil)
+	_ engine.Tokenizer        = (*Tokenizer)(nil)
+	_ engine.Vocabulary       = (*Tokenizer)(nil)
+	_ engine.SpecialTokenizer = (*Tokenizer)(nil)
 )
 
 // ErrTokenizerDown is returned while the tokenizer's worker cannot be
@@ -93,6 +98,14 @@ func (t *Tokenizer) worker(ctx context.Context) (*Worker, error) {
 				return nil, fmt.Errorf("%w: the worker sent a malformed vocabulary", ErrTokenizerDown)
 			}
 			t.pieces[i] = string(v.Pieces[a:b])
+		}
+		if len(v.SpecialIds) != len(v.SpecialTexts) {
+			w.Close()
+			return nil, fmt.Errorf("%w: the worker sent a malformed vocabulary", ErrTokenizerDown)
+		}
+		t.special = make(map[uint32]string, len(v.SpecialIds))
+		for i, id := range v.SpecialIds {
+			t.special[id] = string(v.SpecialTexts[i])
 		}
 	}
 	t.w, t.ready = w, ready
@@ -161,6 +174,24 @@ func (t *Tokenizer) Decode(ids []uint32) string {
 		}
 	}
 	return string(b)
+}
+
+// DecodeSpecial implements engine.SpecialTokenizer: Decode, with special
+// tokens written as their text (<|eot_id|>), as vLLM writes them with
+// skip_special_tokens false.
+func (t *Tokenizer) DecodeSpecial(ids []uint32) string {
+	t.mu.Lock()
+	pieces, special := t.pieces, t.special
+	t.mu.Unlock()
+	var b strings.Builder
+	for _, id := range ids {
+		if text, ok := special[id]; ok {
+			b.WriteString(text)
+		} else if int(id) < len(pieces) {
+			b.WriteString(pieces[id])
+		}
+	}
+	return b.String()
 }
 
 // VocabSize implements engine.Vocabulary: the number of tokens.

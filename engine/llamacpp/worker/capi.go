@@ -293,25 +293,35 @@ func (m *model) kvBytesPerToken(elemSize uint64) uint64 {
 }
 
 // pieces returns every token's text as output shows it: special tokens
-// render as nothing (vLLM skips them), byte tokens as their byte.
-func (m *model) pieces() ([]byte, []uint32) {
+// render as nothing (vLLM skips them), byte tokens as their byte. The
+// special tokens' own text, for output that keeps them
+// (skip_special_tokens false), comes apart: their ids and texts.
+func (m *model) pieces() ([]byte, []uint32, []uint32, [][]byte) {
 	n := m.nVocab()
 	var all []byte
 	offsets := make([]uint32, 0, n+1)
+	var specialIDs []uint32
+	var specialTexts [][]byte
 	buf := make([]byte, 256)
-	for t := range n {
-		offsets = append(offsets, uint32(len(all)))
-		k := C.llama_token_to_piece(m.vocab, C.llama_token(t), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, false)
+	piece := func(t int, special bool) []byte {
+		k := C.llama_token_to_piece(m.vocab, C.llama_token(t), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, C.bool(special))
 		if k < 0 {
 			buf = make([]byte, -int(k))
-			k = C.llama_token_to_piece(m.vocab, C.llama_token(t), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, false)
+			k = C.llama_token_to_piece(m.vocab, C.llama_token(t), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)), 0, C.bool(special))
 		}
-		if k > 0 {
-			all = append(all, buf[:k]...)
+		return buf[:max(k, 0)]
+	}
+	for t := range n {
+		offsets = append(offsets, uint32(len(all)))
+		plain := len(all)
+		all = append(all, piece(t, false)...)
+		if sp := piece(t, true); string(sp) != string(all[plain:]) {
+			specialIDs = append(specialIDs, uint32(t))
+			specialTexts = append(specialTexts, append([]byte(nil), sp...))
 		}
 	}
 	offsets = append(offsets, uint32(len(all)))
-	return all, offsets
+	return all, offsets, specialIDs, specialTexts
 }
 
 // tokenize is llama_tokenize; it is safe for concurrent use.

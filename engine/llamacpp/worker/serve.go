@@ -92,9 +92,9 @@ func Serve(conn net.Conn, opts Options) error {
 				_ = s.reply(rep)
 			}(req.Id, body.Tokenize)
 		case *dpnodev1.WorkerRequest_Vocabulary:
-			pieces, offsets := s.model.pieces()
+			pieces, offsets, specialIDs, specialTexts := s.model.pieces()
 			if err := s.reply(&dpnodev1.WorkerReply{Id: req.Id, Body: &dpnodev1.WorkerReply_Vocabulary{
-				Vocabulary: &dpnodev1.Vocabulary{Pieces: pieces, Offsets: offsets}}}); err != nil {
+				Vocabulary: &dpnodev1.Vocabulary{Pieces: pieces, Offsets: offsets, SpecialIds: specialIDs, SpecialTexts: specialTexts}}}); err != nil {
 				return err
 			}
 		default:

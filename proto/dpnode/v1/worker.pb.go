@@ -1575,9 +1575,14 @@ func (*GetVocabulary) Descriptor() ([]byte, []int) {
 // piece of token i is pieces[offsets[i]:offsets[i+1]]. Control tokens have
 // an empty piece.
 type Vocabulary struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Pieces        []byte                 `protobuf:"bytes,1,opt,name=pieces,proto3" json:"pieces,omitempty"`
-	Offsets       []uint32               `protobuf:"varint,2,rep,packed,name=offsets,proto3" json:"offsets,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Pieces  []byte                 `protobuf:"bytes,1,opt,name=pieces,proto3" json:"pieces,omitempty"`
+	Offsets []uint32               `protobuf:"varint,2,rep,packed,name=offsets,proto3" json:"offsets,omitempty"`
+	// The tokens whose text, kept in output (skip_special_tokens false),
+	// is not their piece (special tokens, whose piece is empty), and that
+	// text, pairwise.
+	SpecialIds    []uint32 `protobuf:"varint,3,rep,packed,name=special_ids,json=specialIds,proto3" json:"special_ids,omitempty"`
+	SpecialTexts  [][]byte `protobuf:"bytes,4,rep,name=special_texts,json=specialTexts,proto3" json:"special_texts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1622,6 +1627,20 @@ func (x *Vocabulary) GetPieces() []byte {
 func (x *Vocabulary) GetOffsets() []uint32 {
 	if x != nil {
 		return x.Offsets
+	}
+	return nil
+}
+
+func (x *Vocabulary) GetSpecialIds() []uint32 {
+	if x != nil {
+		return x.SpecialIds
+	}
+	return nil
+}
+
+func (x *Vocabulary) GetSpecialTexts() [][]byte {
+	if x != nil {
+		return x.SpecialTexts
 	}
 	return nil
 }
@@ -1799,11 +1818,14 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\rparse_special\x18\x03 \x01(\bR\fparseSpecial\"\x1c\n" +
 	"\bTokenIds\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\rR\x03ids\"\x0f\n" +
-	"\rGetVocabulary\">\n" +
+	"\rGetVocabulary\"\x84\x01\n" +
 	"\n" +
 	"Vocabulary\x12\x16\n" +
 	"\x06pieces\x18\x01 \x01(\fR\x06pieces\x12\x18\n" +
-	"\aoffsets\x18\x02 \x03(\rR\aoffsets\"'\n" +
+	"\aoffsets\x18\x02 \x03(\rR\aoffsets\x12\x1f\n" +
+	"\vspecial_ids\x18\x03 \x03(\rR\n" +
+	"specialIds\x12#\n" +
+	"\rspecial_texts\x18\x04 \x03(\fR\fspecialTexts\"'\n" +
 	"\vWorkerError\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage*a\n" +
 	"\rGreedyInGraph\x12\x1f\n" +

@@ -121,7 +121,7 @@ var commonFieldRules = []fieldRule{
 	// vLLM adds no spaces around special tokens with a fast tokenizer,
 	// whatever this says; nor does dpnode.
 	applied("spaces_between_special_tokens"),
-	refused("prompt_logprobs", nullOrNumber(0), whyLogprobs),
+	refused("prompt_logprobs", isNull, whyLogprobs),
 	refused("use_beam_search", nullOrBool(false), "beam search is not supported by this server"),
 	refused("length_penalty", nullOrNumber(1), "beam search is not supported by this server"),
 	refused("bad_words", nullOrEmpty, "banned words are not supported by this server"),

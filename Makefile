@@ -72,21 +72,26 @@ chaos-llamacpp: llamacpp
 # join on their own), one after another, FUZZTIME each, one worker. What a
 # target finds is kept under its package's testdata/fuzz/, where go test
 # replays it as a regression case from then on. Go's fuzzer can fail a run
-# with no fault of the code when a worker is starved ("context deadline
-# exceeded" at the -fuzztime deadline, or golang/go#56238), so a failed
-# target runs once more: a real failure was saved in testdata and fails
-# again at once.
+# with no fault of the code when a worker is starved or still minimizing at
+# the deadline ("context deadline exceeded", or golang/go#56238): such a
+# run writes no failing input, and the target runs again, up to three times
+# in all. A run that wrote a failing input fails at once.
 FUZZTIME ?= 2m
 fuzz:
 	@set -e; list=$$(go test -run '^$$' -list '^Fuzz' ./...); \
 	targets=$$(echo "$$list" | awk '/^Fuzz/ { names[++n] = $$1 } /^ok/ { for (i = 1; i <= n; i++) print $$2 "," names[i]; n = 0 }'); \
 	test -n "$$targets" || { echo "no fuzz targets found"; exit 1; }; \
+	log=$$(mktemp); trap 'rm -f $$log' EXIT; \
 	for t in $$targets; do \
 		pkg=$${t%,*}; name=$${t#*,}; \
-		echo "== fuzz $$pkg $$name for $(FUZZTIME)"; \
-		go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg || { \
-			echo "== $$name failed; once more"; \
-			go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg; }; \
+		for try in 1 2 3; do \
+			echo "== fuzz $$pkg $$name for $(FUZZTIME)$$( [ $$try -gt 1 ] && echo ", try $$try")"; \
+			if go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -parallel 1 $$pkg >$$log 2>&1; then \
+				cat $$log; break; fi; \
+			cat $$log; \
+			if grep -q "Failing input written to" $$log || [ $$try = 3 ]; then exit 1; fi; \
+			echo "== $$name failed without a failing input: the fuzzer's own trouble; again"; \
+		done; \
 	done
 
 bench:

@@ -154,9 +154,6 @@ type Request struct {
 	seq int32
 	// promptHash keys the executor's deterministic sampling.
 	promptHash uint64
-	// promptLogprobs are the prompt's log-probabilities computed so far,
-	// given to the caller with the first output.
-	promptLogprobs []*TokenLogprobs
 	// stops is sampling.StopTokenIDs as a set: it is checked for every
 	// token sampled, inside the step every request of the rank waits on.
 	stops    tokenSet
@@ -174,6 +171,9 @@ type Request struct {
 	// passedOver counts the prefill steps that passed this request's
 	// prefill over for shorter ones (streams only).
 	passedOver int
+	// promptLogprobs are the prompt's log-probabilities computed so far,
+	// given to the caller with the first output.
+	promptLogprobs []*TokenLogprobs
 }
 
 func (r *Request) numTokens() int { return len(r.prompt) + len(r.output) }

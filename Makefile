@@ -151,9 +151,10 @@ testmodel: $(LLAMACPP_SRC)/include/llama.h
 LLAMACPP_TEST_ENV = DPNODE_LLAMACPP_SRC=$(LLAMACPP_SRC) DPNODE_LLAMACPP_WORKER=$(CURDIR)/bin/dpnode-llama-worker \
 	CGO_CFLAGS="$(LLAMACPP_CGO_CFLAGS)" CGO_LDFLAGS='$(LLAMACPP_CGO_LDFLAGS)'
 llamacpp-test: llamacpp
-	$(LLAMACPP_TEST_ENV) go vet -tags llamacpp ./engine/llamacpp/... ./cmd/dpnode-llama-worker ./http/ ./cluster/
+	$(LLAMACPP_TEST_ENV) go vet -tags llamacpp ./engine/llamacpp/... ./engine/grammar/ ./cmd/dpnode-llama-worker ./http/ ./cluster/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m ./engine/llamacpp/...
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'ChatTemplates' ./http/
+	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'LlamaCpp' ./engine/grammar/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m -run 'LlamaCpp' ./cluster/
 
 clean:

@@ -554,6 +554,7 @@ func samplingFromWire(s *dpnodev1.SamplingParams) engine.SamplingParams {
 		Logprobs:          s.Logprobs,
 		TopLogprobs:       int(s.TopLogprobs),
 		PromptLogprobs:    s.PromptLogprobs,
+		Grammar:           s.Grammar,
 	}
 }
 
@@ -576,6 +577,7 @@ func samplingToWire(s engine.SamplingParams) *dpnodev1.SamplingParams {
 		Logprobs:          s.Logprobs,
 		TopLogprobs:       int32(s.TopLogprobs),
 		PromptLogprobs:    s.PromptLogprobs,
+		Grammar:           s.Grammar,
 	}
 }
 

@@ -27,6 +27,8 @@ func TestSamplingSurvivesTheWire(t *testing.T) {
 				f.SetFloat(float64(rapid.Float32Range(-2, 2).Filter(func(x float32) bool { return x != 0 }).Draw(t, name)))
 			case reflect.Bool:
 				f.SetBool(true)
+			case reflect.String:
+				f.SetString(rapid.StringN(1, 64, -1).Draw(t, name))
 			case reflect.Pointer: // *int64
 				seed := rapid.Int64().Draw(t, name)
 				f.Set(reflect.ValueOf(&seed))

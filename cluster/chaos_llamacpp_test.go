@@ -3,15 +3,12 @@
 package cluster_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/dpnode/dpnode/engine/llamacpp"
 	"github.com/dpnode/dpnode/engine/llamacpp/llamacpptest"
 )
 
@@ -42,13 +39,8 @@ func init() {
 // the node's tokenizer reads it, decoded to text as a response carries it
 // (JSON makes an incomplete character at the end U+FFFD).
 func llamaExpected(t *testing.T, reqs []chaosRequest) []string {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	tok, err := llamacpp.NewTokenizer(ctx, llamacpp.WorkerConfig{Binary: llamacpptest.Worker(t), Logger: slog.New(slog.DiscardHandler)}, llamacpptest.Model(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tok.Close()
+	tok := llamacpptest.Tokenizer(t, llamacpptest.Model(t))
+	var err error
 	longest := 1
 	prompts := make([][]uint32, len(reqs))
 	for i, q := range reqs {

@@ -267,15 +267,14 @@ func TestLlamaCppServesOpenAIClients(t *testing.T) {
 	resp.Body.Close()
 	// A field the engine does not apply is refused by name.
 	_, err = client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
-		Model:    openai.ChatModel(models.Data[0].ID),
-		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")},
-		ResponseFormat: openai.ChatCompletionNewParamsResponseFormatUnion{
-			OfJSONObject: &openai.ResponseFormatJSONObjectParam{}},
+		Model:            openai.ChatModel(models.Data[0].ID),
+		Messages:         []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Hello")},
+		Verbosity:        openai.ChatCompletionNewParamsVerbosityLow,
 		FrequencyPenalty: openai.Float(0),
 	})
 	var apiErr *openai.Error
-	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "response_format" {
-		t.Fatalf("response_format: %v", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || apiErr.Param != "verbosity" {
+		t.Fatalf("verbosity: %v", err)
 	}
 
 	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{

@@ -44,7 +44,7 @@ type ScheduledRequest struct {
 	// previous step: sampled tokens stay where they were sampled.
 	Tokens []uint32
 	// Prompt and Output are the request's tokens so far, when it samples
-	// in this step with penalties (Sampling.Penalized), which count them,
+	// in this step with penalties or a grammar (Sampling.NeedsHistory),
 	// or computes prompt tokens for its prompt log-probabilities (Prompt
 	// only); nil otherwise. They are the scheduler's: read, never written.
 	Prompt, Output []uint32

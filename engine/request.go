@@ -52,6 +52,10 @@ type SamplingParams struct {
 	// then computed whole, in chunks of at most PromptLogprobsChunk, and
 	// the prefix cache is not used.
 	PromptLogprobs bool
+	// Grammar, when not empty, constrains the output to a GBNF grammar
+	// (start rule root): structured output. The simulated executor cannot
+	// honour it; the API server refuses it there.
+	Grammar string
 }
 
 // PromptLogprobsChunk bounds a prompt chunk whose every token's logits are
@@ -70,6 +74,10 @@ type TokenLogprobs = dpnodev1.TokenLogprobs
 func (p *SamplingParams) Penalized() bool {
 	return p.PresencePenalty != 0 || p.FrequencyPenalty != 0 || (p.RepetitionPenalty != 0 && p.RepetitionPenalty != 1)
 }
+
+// NeedsHistory reports whether the executor needs the request's tokens to
+// draw its next: a penalty counts them, and a grammar's state follows them.
+func (p *SamplingParams) NeedsHistory() bool { return p.Penalized() || p.Grammar != "" }
 
 // MaxStopTokenIDs bounds a request's stop token ids. Every sampled token
 // is checked against them in constant time, but a client must not make an

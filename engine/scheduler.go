@@ -506,7 +506,7 @@ func (s *Scheduler) add(batch *Batch, req *Request, n int) {
 	}
 	if req.numComputed+n == total {
 		sr.SampleIndex = len(req.output)
-		if req.sampling.Penalized() {
+		if req.sampling.NeedsHistory() {
 			sr.Prompt, sr.Output = req.prompt, req.output
 		}
 	}

@@ -1,5 +1,7 @@
 package engine
 
+import "errors"
+
 // Tokenizer turns text into a model's token ids and back.
 //
 // Concurrency: safe for concurrent use; HTTP handlers share one.
@@ -21,6 +23,21 @@ type Tokenizer interface {
 type SpecialTokenizer interface {
 	DecodeSpecial(ids []uint32) string
 }
+
+// GrammarChecker is a Tokenizer whose engine takes grammars (structured
+// output): it checks that the engine parses one, before a request that
+// carries it is admitted.
+//
+// Concurrency: safe for concurrent use.
+type GrammarChecker interface {
+	// CheckGrammar returns an error wrapping ErrBadGrammar when the engine
+	// cannot use gbnf (GBNF, start rule root), and another when the check
+	// itself could not be made.
+	CheckGrammar(gbnf string) error
+}
+
+// ErrBadGrammar is a grammar the engine refuses: the client's to fix.
+var ErrBadGrammar = errors.New("engine: the grammar is not usable")
 
 // Vocabulary is what a Tokenizer may tell of its model's vocabulary, so
 // that a request can be checked before any work is done for it.

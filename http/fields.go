@@ -88,7 +88,7 @@ func (r fieldRule) withCheck(check func(v []byte) string) fieldRule {
 const (
 	whyLogprobs   = "the prompt's log-probabilities come with echo and logprobs, in OpenAI's shape only"
 	whyTools      = "tool calling is not supported by this server"
-	whyStructured = "structured output (a grammar or a schema) is not supported by this server"
+	whyStructured = "no grammar or schema can constrain it"
 	whyOpenAIOnly = "it asks for a service of OpenAI's platform that this server does not have"
 )
 
@@ -128,12 +128,12 @@ var commonFieldRules = []fieldRule{
 	refused("allowed_token_ids", nullOrEmpty, "allowed token lists are not supported by this server"),
 	refused("truncate_prompt_tokens", isNull, "prompts are never truncated: a prompt longer than the context is a 400"),
 	refused("priority", nullOrNumber(0), "requests are served in arrival order: this server has no priority scheduling"),
-	refused("response_format", nullOrTextFormat, whyStructured),
-	refused("structured_outputs", isNull, whyStructured),
-	refused("guided_json", isNull, whyStructured),
-	refused("guided_regex", isNull, whyStructured),
-	refused("guided_choice", isNull, whyStructured),
-	refused("guided_grammar", isNull, whyStructured),
+	applied("response_format").notSimulated(nullOrTextFormat, whyStructured),
+	applied("structured_outputs").notSimulated(isNull, whyStructured),
+	applied("guided_json").notSimulated(isNull, whyStructured),
+	applied("guided_regex").notSimulated(isNull, whyStructured),
+	applied("guided_choice").notSimulated(isNull, whyStructured),
+	applied("guided_grammar").notSimulated(isNull, whyStructured),
 }
 
 // chatFieldRules are /v1/chat/completions' own fields.

@@ -127,6 +127,10 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 	if p.CacheSalt != nil {
 		g.cacheSalt = *p.CacheSalt
 	}
+	gbnf, e := s.structuredGrammar(&p.structuredParams)
+	if e != nil {
+		return nil, e
+	}
 	rank, e := s.pinnedRank(r)
 	if e != nil {
 		return nil, e
@@ -153,7 +157,7 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 			return nil, badRequest(fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
 				s.cfg.MaxModelLen, len(pr.tokens)+asked, len(pr.tokens), asked), param)
 		}
-		sp := engine.SamplingParams{MaxTokens: room, MinTokens: p.MinTokens, Seed: p.Seed, IgnoreEOS: p.IgnoreEOS, StopTokenIDs: p.StopTokenIDs}
+		sp := engine.SamplingParams{MaxTokens: room, MinTokens: p.MinTokens, Seed: p.Seed, IgnoreEOS: p.IgnoreEOS, StopTokenIDs: p.StopTokenIDs, Grammar: gbnf}
 		switch {
 		case maxTokens != nil:
 			sp.MaxTokens = *maxTokens

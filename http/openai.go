@@ -195,6 +195,7 @@ type commonParams struct {
 	// ReturnTokenIDs adds the prompt's and the completion's token ids to
 	// the response, as vLLM's return_token_ids does.
 	ReturnTokenIDs bool `json:"return_token_ids"`
+	structuredParams
 }
 
 type chatMessage struct {

@@ -95,6 +95,8 @@ type Server struct {
 	inFlight      atomic.Int64
 	rejected      *prometheus.CounterVec
 	unknownFields unknownFields
+	// checkedGrammars are grammars the engine has parsed.
+	checkedGrammars grammarSet
 }
 
 // SetDraining makes the server refuse new requests (503) and report

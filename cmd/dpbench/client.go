@@ -30,6 +30,9 @@ type Target struct {
 	// Logprobs, when set, asks every request for its tokens'
 	// log-probabilities and this many top ones each.
 	Logprobs *int
+	// Schema, when set, constrains every request's output to this JSON
+	// schema (vLLM's structured_outputs).
+	Schema json.RawMessage
 }
 
 // NewHTTPClient returns a client for load: connections are reused and
@@ -99,13 +102,16 @@ func (t *Target) auth(req *http.Request) {
 }
 
 type completionBody struct {
-	Model         string   `json:"model"`
-	Prompt        []uint32 `json:"prompt"`
-	MaxTokens     int      `json:"max_tokens"`
-	IgnoreEOS     bool     `json:"ignore_eos"`
-	Temperature   *float64 `json:"temperature,omitempty"`
-	Logprobs      *int     `json:"logprobs,omitempty"`
-	Stream        bool     `json:"stream"`
+	Model       string   `json:"model"`
+	Prompt      []uint32 `json:"prompt"`
+	MaxTokens   int      `json:"max_tokens"`
+	IgnoreEOS   bool     `json:"ignore_eos"`
+	Temperature *float64 `json:"temperature,omitempty"`
+	Logprobs    *int     `json:"logprobs,omitempty"`
+	Structured  *struct {
+		JSON json.RawMessage `json:"json"`
+	} `json:"structured_outputs,omitempty"`
+	Stream        bool `json:"stream"`
 	StreamOptions *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options,omitempty"`
@@ -145,6 +151,11 @@ func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 		return o
 	}
 	body := completionBody{Model: t.Model, Prompt: it.Prompt, MaxTokens: it.MaxTokens, IgnoreEOS: true, Temperature: t.Temperature, Logprobs: t.Logprobs, Stream: !t.NoStream}
+	if t.Schema != nil {
+		body.Structured = &struct {
+			JSON json.RawMessage `json:"json"`
+		}{t.Schema}
+	}
 	if body.Stream {
 		body.StreamOptions = &struct {
 			IncludeUsage bool `json:"include_usage"`

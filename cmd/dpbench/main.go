@@ -65,6 +65,7 @@ type options struct {
 	temperature    float64
 	temperatureSet bool
 	logprobs       int
+	jsonSchema     string
 	detail         bool
 	simulate       bool
 	ranks          int
@@ -142,6 +143,7 @@ inter-token gaps of a long run) read from log buckets, within 0.4%.`,
 	f.BoolVar(&o.noKeepAlive, "no-keepalive", false, "a connection per request (for servers that close idle connections under the client, which POSTs cannot be retried on)")
 	f.Float64Var(&o.temperature, "temperature", 0, "send this temperature with every request (default: the server's; 0 is greedy)")
 	f.IntVar(&o.logprobs, "logprobs", -1, "ask every request for its tokens' log-probabilities and this many top ones each (-1: none)")
+	f.StringVar(&o.jsonSchema, "json-schema", "", "constrain every request's output to the JSON schema in this file (structured output; the output still runs to its length, ignore_eos)")
 	f.BoolVar(&o.detail, "detail", false, "also write every request's timings to --out (start, TTFT, end-to-end, prompt, cached and output tokens, error)")
 	f.BoolVar(&o.simulate, "simulate", false, "run the virtual-time simulator instead of an endpoint")
 	f.IntVar(&o.ranks, "ranks", 4, "simulated data-parallel ranks")
@@ -204,6 +206,16 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 		}
 		if o.logprobs >= 0 {
 			t.Logprobs = &o.logprobs
+		}
+		if o.jsonSchema != "" {
+			b, err := os.ReadFile(o.jsonSchema)
+			if err != nil {
+				return err
+			}
+			if !json.Valid(b) {
+				return fmt.Errorf("--json-schema %s: not JSON", o.jsonSchema)
+			}
+			t.Schema = b
 		}
 		if t.Model == "" {
 			if t.Model, err = t.DiscoverModel(ctx); err != nil {

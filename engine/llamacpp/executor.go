@@ -184,8 +184,16 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 		}
 		if r.SampleIndex >= 0 {
 			s.Sample = e.sampleParams(r)
-			if r.Sampling.Penalized() {
-				s.Sample.History = e.history(r)
+			// The penalties count the request's tokens, and a grammar's
+			// state follows them: where the worker's sequence may not
+			// hold them, they go with the step.
+			if sp := r.Sampling; sp.NeedsHistory() {
+				if h := e.history(r); h != nil {
+					if !sp.Penalized() {
+						h.Prompt = nil
+					}
+					s.Sample.History, s.Sample.Grammar = h, sp.Grammar
+				}
 			}
 		}
 		step.Sequences = append(step.Sequences, s)
@@ -254,6 +262,7 @@ func (e *Executor) sampleParams(r *engine.ScheduledRequest) *dpnodev1.SamplePara
 	p.Seed = SampleSeed(base, r.SampleIndex)
 	p.PresencePenalty, p.FrequencyPenalty, p.RepetitionPenalty, p.MinP = sp.PresencePenalty, sp.FrequencyPenalty, sp.RepetitionPenalty, sp.MinP
 	p.Logprobs, p.TopLogprobs = sp.Logprobs, int32(sp.TopLogprobs)
+	p.Constrained = sp.Grammar != ""
 	for t, v := range sp.LogitBias {
 		p.LogitBiasTokenIds = append(p.LogitBiasTokenIds, t)
 		p.LogitBiasValues = append(p.LogitBiasValues, v)

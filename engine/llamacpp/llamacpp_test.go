@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,15 +29,7 @@ func workerConfig(t *testing.T) llamacpp.WorkerConfig {
 }
 
 func newTokenizer(t *testing.T, model string) *llamacpp.Tokenizer {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	tok, err := llamacpp.NewTokenizer(ctx, workerConfig(t), model)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tok.Close() })
-	return tok
+	return llamacpptest.Tokenizer(t, model)
 }
 
 // TestTokenizerMatchesLlamaCppVectors tokenizes llama.cpp's own test
@@ -533,5 +526,75 @@ func TestGapsBetweenDecodingStreamsAreFilledWithoutHarm(t *testing.T) {
 		if !slices.Equal(out[i], ref[i]) {
 			t.Fatalf("stream %d:\n got %v\nwant %v", seqs[i], out[i], ref[i])
 		}
+	}
+}
+
+// TestGrammarConstrainsTheOutput serves requests under a grammar, greedy
+// and sampled: the random-weight model's text matches it and ends with the
+// model's end token once the grammar is done. A request restarted from
+// its first half on a fresh worker, as a migration restarts it, rebuilds
+// its grammar from the tokens it has and ends the same.
+func TestGrammarConstrainsTheOutput(t *testing.T) {
+	const gbnf = `root ::= "{\"id\": " [1-9] [0-9]{0,2} ", \"ok\": " ("true" | "false") "}"`
+	match := regexp.MustCompile(`^\{"id": [1-9][0-9]{0,2}, "ok": (true|false)\}$`)
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 4, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512, EnablePrefixCaching: true}
+	tok := newTokenizer(t, llamacpptest.Model(t))
+	if err := tok.CheckGrammar(gbnf); err != nil {
+		t.Fatal(err)
+	}
+	e := newExecutor(t, cfg)
+	s := schedulerFor(t, e, cfg)
+	prompt := []uint32{128000, 9906, 1917, 11, 420, 374, 264, 1296}
+	seed := int64(7)
+	params := map[string]engine.SamplingParams{
+		"greedy":  {MaxTokens: 64, Grammar: gbnf},
+		"sampled": {MaxTokens: 64, Grammar: gbnf, Temperature: 1, Seed: &seed},
+		"top-k":   {MaxTokens: 64, Grammar: gbnf, Temperature: 0.8, TopK: 5, TopP: 0.9, Seed: &seed},
+	}
+	for id, sp := range params {
+		if err := s.Add(engine.NewRequest{ID: id, Prompt: prompt, Sampling: sp}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := run(t, s, e)
+	eog := e.Ready().EogTokenIds
+	for id := range params {
+		got := out[id]
+		if len(got) == 0 || !slices.Contains(eog, got[len(got)-1]) {
+			t.Fatalf("%s did not end with an end token: %v", id, got)
+		}
+		if text := tok.Decode(got[:len(got)-1]); !match.MatchString(text) {
+			t.Fatalf("%s: %q does not match the grammar", id, text)
+		}
+	}
+	whole := out["sampled"]
+	e2 := newExecutor(t, cfg)
+	s2 := schedulerFor(t, e2, cfg)
+	half := len(whole) / 2
+	if err := s2.Add(engine.NewRequest{ID: "sampled", Prompt: prompt, Output: whole[:half], Sampling: params["sampled"]}); err != nil {
+		t.Fatal(err)
+	}
+	if rest := run(t, s2, e2)["sampled"]; !slices.Equal(slices.Concat(whole[:half], rest), whole) {
+		t.Fatalf("a constrained request moved:\n whole %v\nresumed %v + %v", whole, whole[:half], rest)
+	}
+}
+
+// TestBadGrammarsAreRefusedByTheVocabularyWorker checks grammars where a
+// request's would be checked, before admission: llama.cpp's parser says
+// what is wrong, and the worker lives on.
+func TestBadGrammarsAreRefusedByTheVocabularyWorker(t *testing.T) {
+	tok := newTokenizer(t, llamacpptest.Model(t))
+	for _, bad := range []string{
+		`root ::= "unterminated`,
+		`root ::= missing-rule`,
+		`root ::= root "a"`,
+		`other ::= "no root"`,
+	} {
+		if err := tok.CheckGrammar(bad); !errors.Is(err, engine.ErrBadGrammar) {
+			t.Errorf("%q: %v, want ErrBadGrammar", bad, err)
+		}
+	}
+	if err := tok.CheckGrammar(`root ::= [a-z]+`); err != nil {
+		t.Fatalf("a good grammar after bad ones: %v", err)
 	}
 }

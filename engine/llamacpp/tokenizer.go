@@ -39,6 +39,7 @@ var (
 	_ engine.Tokenizer        = (*Tokenizer)(nil)
 	_ engine.Vocabulary       = (*Tokenizer)(nil)
 	_ engine.SpecialTokenizer = (*Tokenizer)(nil)
+	_ engine.GrammarChecker   = (*Tokenizer)(nil)
 )
 
 // ErrTokenizerDown is returned while the tokenizer's worker cannot be
@@ -123,18 +124,59 @@ func (t *Tokenizer) Ready() *dpnodev1.ModelReady {
 // tokens written as text (a chat template's <|eot_id|>) as those tokens,
 // as Hugging Face's tokenizers do.
 func (t *Tokenizer) Encode(text string, addSpecial bool) ([]uint32, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), t.timeout)
-	defer cancel()
 	req := &dpnodev1.TokenizeText{Text: text, AddSpecial: addSpecial, ParseSpecial: true}
-	// A worker that died under the call is started again, once.
+	rep, err := t.call(&dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_Tokenize{Tokenize: req}}, t.timeout)
+	if err != nil && !errors.Is(err, ErrTokenizerDown) {
+		err = fmt.Errorf("%w: %w", ErrTokenizerDown, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return rep.GetTokens().GetIds(), nil
+}
+
+// grammarTimeout bounds a grammar's check: llama.cpp parses a grammar
+// and finds its first stacks in far less, unless the grammar is built to
+// take long; the worker is then stopped, and started again at the next
+// call.
+const grammarTimeout = 5 * time.Second
+
+// CheckGrammar implements engine.GrammarChecker: llama.cpp parses gbnf
+// for the model's vocabulary in the vocabulary worker, where a grammar
+// that crashes or hangs the parser takes no rank with it.
+func (t *Tokenizer) CheckGrammar(gbnf string) error {
+	_, err := t.call(&dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_CheckGrammar{CheckGrammar: &dpnodev1.CheckGrammar{Gbnf: gbnf}}}, grammarTimeout)
+	var refused *ReplyError
+	switch {
+	case errors.As(err, &refused):
+		return fmt.Errorf("%w: %s", engine.ErrBadGrammar, refused.Message)
+	case errors.Is(err, context.DeadlineExceeded):
+		t.mu.Lock()
+		if t.w != nil {
+			t.w.Close()
+		}
+		t.mu.Unlock()
+		return fmt.Errorf("%w: llama.cpp took more than %s to parse it", engine.ErrBadGrammar, grammarTimeout)
+	}
+	return err
+}
+
+// call sends req to the worker within timeout; a worker that died under
+// the call is started again, once. A reply that refuses req is a
+// *ReplyError; any other failure wraps ErrTokenizerDown, or is the
+// timeout's.
+func (t *Tokenizer) call(req *dpnodev1.WorkerRequest, timeout time.Duration) (*dpnodev1.WorkerReply, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	for attempt := 0; ; attempt++ {
 		w, err := t.worker(ctx)
 		if err != nil {
 			return nil, err
 		}
-		rep, err := w.Call(ctx, &dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_Tokenize{Tokenize: req}})
-		if err == nil {
-			return rep.GetTokens().GetIds(), nil
+		rep, err := w.Call(ctx, req)
+		var refused *ReplyError
+		if err == nil || errors.As(err, &refused) || errors.Is(err, context.DeadlineExceeded) {
+			return rep, err
 		}
 		select {
 		case <-w.Done():

@@ -229,8 +229,15 @@ func (w *Worker) kill() {
 	_ = syscall.Kill(-w.cmd.Process.Pid, syscall.SIGKILL)
 }
 
+// ReplyError is a WorkerError reply: the worker answered, and refused the
+// request (a grammar llama.cpp cannot parse), as distinct from a worker
+// that could not be reached.
+type ReplyError struct{ Message string }
+
+func (e *ReplyError) Error() string { return e.Message }
+
 // Call sends req and waits for its reply. A WorkerError reply is returned
-// as an error.
+// as a *ReplyError.
 func (w *Worker) Call(ctx context.Context, req *dpnodev1.WorkerRequest) (*dpnodev1.WorkerReply, error) {
 	ch := make(chan *dpnodev1.WorkerReply, 1)
 	w.mu.Lock()
@@ -264,7 +271,7 @@ func (w *Worker) Call(ctx context.Context, req *dpnodev1.WorkerRequest) (*dpnode
 			return nil, w.Err()
 		}
 		if e := rep.GetError(); e != nil {
-			return nil, errors.New(e.Message)
+			return nil, &ReplyError{Message: e.Message}
 		}
 		return rep, nil
 	case <-ctx.Done():

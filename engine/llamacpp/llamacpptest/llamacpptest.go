@@ -9,7 +9,9 @@ package llamacpptest
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/dpnode/dpnode/engine/llamacpp"
 )
@@ -250,4 +253,18 @@ func greedy(t testing.TB, model, kvType string, maxTokens int, prompts [][]uint3
 		}
 	}
 	return res, lps
+}
+
+// Tokenizer starts model's tokenizer (a vocabulary worker), closed when
+// the test ends.
+func Tokenizer(t testing.TB, model string) *llamacpp.Tokenizer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tok, err := llamacpp.NewTokenizer(ctx, llamacpp.WorkerConfig{Binary: Worker(t), Logger: slog.New(slog.DiscardHandler)}, model)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tok.Close() })
+	return tok
 }

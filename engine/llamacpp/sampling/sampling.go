@@ -56,12 +56,33 @@ type Params struct {
 	// returns: a row that asks needs its logits on the host.
 	Logprobs    bool
 	TopLogprobs int
+	// Constraint, when not nil, is the request's grammar: only a token it
+	// allows is drawn.
+	Constraint Constraint
+}
+
+// Constraint says which tokens may come next, for a grammar (structured
+// output). The sampler asks about the token it drew first, and masks the
+// row only when that token is not allowed: a draw of the unconstrained
+// row, kept when allowed and otherwise drawn again from the masked row,
+// is a draw from the masked row, and one token is far cheaper to check
+// than the vocabulary.
+type Constraint interface {
+	// Allows reports whether token may come next.
+	Allows(token int32) bool
+	// Mask writes -inf over the logits of every token that may not come
+	// next, and returns how many may.
+	Mask(logits []float32) int
+	// End is the token that ends the output when no token of the row may
+	// come next (the grammar is done, but the request's bans leave only
+	// tokens it forbids).
+	End() int32
 }
 
 // WritesLogits reports whether Sample writes over the row: banned tokens,
 // a bias, penalties or min-p.
 func (p *Params) WritesLogits() bool {
-	return len(p.Banned) > 0 || len(p.LogitBias) > 0 || p.Penalized() || (p.MinP > 0 && p.Temperature > 0)
+	return len(p.Banned) > 0 || len(p.LogitBias) > 0 || p.Penalized() || (p.MinP > 0 && p.Temperature > 0) || p.Constraint != nil
 }
 
 // Bias is one token's logit bias.
@@ -78,7 +99,7 @@ func (p *Params) Penalized() bool {
 // NeedsLogits reports whether the row needs its logits on the host: all
 // but a plain greedy row, which a device can take the argmax of.
 func (p *Params) NeedsLogits() bool {
-	return p.Temperature > 0 || len(p.Banned) > 0 || len(p.LogitBias) > 0 || p.Penalized() || p.Logprobs
+	return p.Temperature > 0 || len(p.Banned) > 0 || len(p.LogitBias) > 0 || p.Penalized() || p.Logprobs || p.Constraint != nil
 }
 
 // History is the tokens a sequence's penalties count: its prompt's, and
@@ -148,8 +169,9 @@ type Sampler struct {
 	n       int
 	scratch []float32
 	keys    []uint64
-	// kept is Keep's copy of a row.
-	kept []float32
+	// kept is Keep's copy of a row; adjusted is a constrained draw's copy
+	// of the row before it.
+	kept, adjusted []float32
 }
 
 // Keep returns a copy of logits, valid until the next Keep: a row's raw
@@ -166,7 +188,8 @@ func NewSampler(nVocab int) *Sampler {
 
 // Sample draws a token from logits, which must hold the sampler's nVocab
 // values; it writes over them: -inf over the banned ones, and the bias and
-// penalties where they apply.
+// penalties where they apply. With a constraint, the token is one it
+// allows.
 func (s *Sampler) Sample(logits []float32, p *Params) int32 {
 	if len(logits) != s.n {
 		panic("sampling: a row of the wrong vocabulary size")
@@ -181,12 +204,34 @@ func (s *Sampler) Sample(logits []float32, p *Params) int32 {
 	if p.Penalized() {
 		p.History.penalize(logits, p)
 	}
+	if p.Constraint == nil {
+		return s.draw(logits, p, p.Seed, p.Banned)
+	}
+	s.adjusted = append(s.adjusted[:0], logits...)
+	if tok := s.draw(logits, p, p.Seed, p.Banned); p.Constraint.Allows(tok) {
+		return tok
+	}
+	// The second draw is independent of the first: its seed is another.
+	seed := p.Seed ^ 0x9e3779b97f4a7c15
+	copy(logits, s.adjusted)
+	if p.Constraint.Mask(logits) > 0 {
+		if tok := s.draw(logits, p, seed, p.Banned); p.Constraint.Allows(tok) {
+			return tok
+		}
+		// Only banned tokens are allowed: the grammar is done, and the
+		// request bans its end (min_tokens).
+	}
+	return p.Constraint.End()
+}
+
+// draw runs the C draw over a row whose bias and penalties are applied.
+func (s *Sampler) draw(logits []float32, p *Params, seed uint64, bannedTokens []int32) int32 {
 	var banned *C.int32_t
-	if len(p.Banned) > 0 {
-		banned = (*C.int32_t)(unsafe.Pointer(&p.Banned[0]))
+	if len(bannedTokens) > 0 {
+		banned = (*C.int32_t)(unsafe.Pointer(&bannedTokens[0]))
 	}
 	return int32(C.dpn_sample((*C.float)(unsafe.Pointer(&logits[0])), C.int32_t(s.n), C.float(p.Temperature), C.int32_t(p.TopK),
-		C.float(p.TopP), C.float(p.MinP), C.uint64_t(p.Seed), banned, C.int32_t(len(p.Banned)),
+		C.float(p.TopP), C.float(p.MinP), C.uint64_t(seed), banned, C.int32_t(len(bannedTokens)),
 		(*C.float)(unsafe.Pointer(&s.scratch[0])), (*C.uint64_t)(unsafe.Pointer(&s.keys[0]))))
 }
 

@@ -418,3 +418,64 @@ func benchRow(rng *rand.Rand, n int) []float32 {
 	}
 	return logits
 }
+
+// allowed is a Constraint that allows a fixed set of tokens.
+type allowed struct {
+	set map[int32]bool
+	end int32
+}
+
+func (a allowed) Allows(t int32) bool { return a.set[t] }
+func (a allowed) End() int32          { return a.end }
+func (a allowed) Mask(logits []float32) int {
+	n := 0
+	for i := range logits {
+		if !a.set[int32(i)] {
+			logits[i] = float32(math.Inf(-1))
+		} else if !math.IsInf(float64(logits[i]), -1) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestConstrainedDrawsFollowTheMaskedDistribution: a draw checked against
+// the constraint, and drawn again from the masked row only when the
+// constraint refuses it, is a draw from the masked row: each token's
+// frequency over 20,000 fixed seeds is the masked distribution's, the
+// greedy token is the largest allowed, and a row whose allowed tokens are
+// all banned ends with the constraint's end token.
+func TestConstrainedDrawsFollowTheMaskedDistribution(t *testing.T) {
+	logits := []float32{2, 1.5, 1.5, 0.3, -1, -4, 3, 2.9, 0, -0.5, 1, -2, -7}
+	c := allowed{set: map[int32]bool{1: true, 3: true, 6: true, 9: true, 12: true}, end: 12}
+	var refused []int32
+	for i := range logits {
+		if !c.set[int32(i)] {
+			refused = append(refused, int32(i))
+		}
+	}
+	for _, temp := range []float32{0.5, 1, 2} {
+		const draws = 20000
+		want := probabilities(logits, Params{Temperature: temp, Banned: refused}, 1)
+		s := NewSampler(len(logits))
+		counts := make([]int, len(logits))
+		for seed := range uint64(draws) {
+			counts[s.Sample(slices.Clone(logits), &Params{Temperature: temp, Seed: seed, Constraint: c})]++
+		}
+		for i, n := range counts {
+			got, pi := float64(n)/draws, want[i]
+			if bound := 5 * math.Sqrt(pi*(1-pi)/draws); math.Abs(got-pi) > bound+1e-9 {
+				t.Errorf("temperature %v, token %d: frequency %.4f, want %.4f ± %.4f", temp, i, got, pi, bound)
+			}
+		}
+	}
+	if got := draw(logits, Params{Constraint: c}); got != 6 {
+		t.Errorf("greedy drew %d, want 6", got)
+	}
+	if got := draw(logits, Params{Constraint: c, Banned: []int32{6}}); got != 1 {
+		t.Errorf("greedy with 6 banned drew %d, want 1", got)
+	}
+	if got := draw(logits, Params{Temperature: 1, Constraint: c, Banned: []int32{1, 3, 6, 9, 12}}); got != 12 {
+		t.Errorf("with every allowed token banned, drew %d, want the end token 12", got)
+	}
+}

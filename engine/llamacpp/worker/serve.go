@@ -91,6 +91,18 @@ func Serve(conn net.Conn, opts Options) error {
 				}
 				_ = s.reply(rep)
 			}(req.Id, body.Tokenize)
+		case *dpnodev1.WorkerRequest_CheckGrammar:
+			sem <- struct{}{}
+			wg.Add(1)
+			go func(id uint64, gbnf string) {
+				defer wg.Done()
+				defer func() { <-sem }()
+				rep := &dpnodev1.WorkerReply{Id: id, Body: &dpnodev1.WorkerReply_GrammarChecked{GrammarChecked: &dpnodev1.GrammarChecked{}}}
+				if err := checkGrammar(s.model, gbnf); err != nil {
+					rep.Body = &dpnodev1.WorkerReply_Error{Error: &dpnodev1.WorkerError{Message: err.Error()}}
+				}
+				_ = s.reply(rep)
+			}(req.Id, body.CheckGrammar.Gbnf)
 		case *dpnodev1.WorkerRequest_Vocabulary:
 			pieces, offsets, specialIDs, specialTexts := s.model.pieces()
 			if err := s.reply(&dpnodev1.WorkerReply{Id: req.Id, Body: &dpnodev1.WorkerReply_Vocabulary{
@@ -115,6 +127,11 @@ type server struct {
 	// history is what each sequence's penalties count, for a sequence
 	// whose request has penalties: set by the engine, then each draw added.
 	history []*sampling.History
+	// grammars are the sequences' grammar states, for a sequence whose
+	// request constrains its output; end is the token a grammar ends an
+	// output with when nothing else may come.
+	grammars []*grammar
+	end      int32
 	// samplers draw a step's tokens, a row per thread at a time.
 	samplers *sampling.Pool
 	// rows and params are the step's rows to sample, order and outIndex
@@ -303,6 +320,10 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	s.last = make([]uint32, ctx.sequences())
 	s.hasLast = make([]bool, ctx.sequences())
 	s.history = make([]*sampling.History, ctx.sequences())
+	s.grammars = make([]*grammar, ctx.sequences())
+	if len(ready.EogTokenIds) > 0 {
+		s.end = int32(ready.EogTokenIds[0])
+	}
 	ready.KvCells = uint32(ctx.cells())
 	ready.MaxBatchTokens = uint32(ctx.nBatch)
 	ready.Sequences = uint32(ctx.sequences())
@@ -340,6 +361,25 @@ func (s *server) sampleParams(seq int32, p *dpnodev1.SampleParams) (sampling.Par
 		if sp.History = s.history[seq]; sp.History == nil {
 			return sp, fmt.Errorf("penalties for sequence %d, which has no history", seq)
 		}
+	}
+	if p.Grammar != "" {
+		s.grammars[seq].free()
+		g, err := newGrammar(s.model, p.Grammar, p.GetHistory().GetOutput(), s.end)
+		if err != nil {
+			s.grammars[seq] = nil
+			return sp, fmt.Errorf("sequence %d: %w", seq, err)
+		}
+		s.grammars[seq] = g
+	}
+	switch g := s.grammars[seq]; {
+	case p.Constrained && g == nil:
+		return sp, fmt.Errorf("a constrained draw for sequence %d, which has no grammar", seq)
+	case p.Constrained:
+		sp.Constraint = g
+	case g != nil:
+		// Another request has the sequence now.
+		g.free()
+		s.grammars[seq] = nil
 	}
 	return sp, nil
 }
@@ -516,6 +556,11 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		}
 		if h := s.params[i].History; h != nil {
 			h.Add(r.tok)
+		}
+		// The grammar advances over its token; a token it does not allow
+		// is the end a finished grammar forces, and ends the output.
+		if g := s.grammars[r.seq]; s.params[i].Constraint != nil && g.Allows(r.tok) {
+			g.accept(r.tok)
 		}
 		s.last[r.seq], s.hasLast[r.seq] = uint32(r.tok), true
 		done.Tokens = append(done.Tokens, uint32(r.tok))

@@ -122,8 +122,12 @@ type SamplingParams struct {
 	// with top_logprobs more each; the prompt is then computed whole, the
 	// prefix cache unused.
 	PromptLogprobs bool `protobuf:"varint,16,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A GBNF grammar (start rule root) the output must match: structured
+	// output, which the API server turned a schema, a regex or a choice
+	// into, and checked. Empty is unconstrained.
+	Grammar       string `protobuf:"bytes,17,opt,name=grammar,proto3" json:"grammar,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SamplingParams) Reset() {
@@ -266,6 +270,13 @@ func (x *SamplingParams) GetPromptLogprobs() bool {
 		return x.PromptLogprobs
 	}
 	return false
+}
+
+func (x *SamplingParams) GetGrammar() string {
+	if x != nil {
+		return x.Grammar
+	}
+	return ""
 }
 
 // TokenLogprobs is a drawn token's log-probability under the model's raw
@@ -998,7 +1009,7 @@ var File_dpnode_v1_engine_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\n" +
-	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\x8c\x05\n" +
+	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\xa6\x05\n" +
 	"\x0eSamplingParams\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x01 \x01(\rR\tmaxTokens\x12\x1d\n" +
@@ -1020,7 +1031,8 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"logit_bias\x18\r \x03(\v2(.dpnode.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x12\x1a\n" +
 	"\blogprobs\x18\x0e \x01(\bR\blogprobs\x12!\n" +
 	"\ftop_logprobs\x18\x0f \x01(\x05R\vtopLogprobs\x12'\n" +
-	"\x0fprompt_logprobs\x18\x10 \x01(\bR\x0epromptLogprobs\x1a<\n" +
+	"\x0fprompt_logprobs\x18\x10 \x01(\bR\x0epromptLogprobs\x12\x18\n" +
+	"\agrammar\x18\x11 \x01(\tR\agrammar\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x02R\x05value:\x028\x01B\a\n" +

@@ -98,6 +98,7 @@ type WorkerRequest struct {
 	//	*WorkerRequest_Step
 	//	*WorkerRequest_Tokenize
 	//	*WorkerRequest_Vocabulary
+	//	*WorkerRequest_CheckGrammar
 	Body          isWorkerRequest_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -183,6 +184,15 @@ func (x *WorkerRequest) GetVocabulary() *GetVocabulary {
 	return nil
 }
 
+func (x *WorkerRequest) GetCheckGrammar() *CheckGrammar {
+	if x != nil {
+		if x, ok := x.Body.(*WorkerRequest_CheckGrammar); ok {
+			return x.CheckGrammar
+		}
+	}
+	return nil
+}
+
 type isWorkerRequest_Body interface {
 	isWorkerRequest_Body()
 }
@@ -203,6 +213,10 @@ type WorkerRequest_Vocabulary struct {
 	Vocabulary *GetVocabulary `protobuf:"bytes,5,opt,name=vocabulary,proto3,oneof"`
 }
 
+type WorkerRequest_CheckGrammar struct {
+	CheckGrammar *CheckGrammar `protobuf:"bytes,6,opt,name=check_grammar,json=checkGrammar,proto3,oneof"`
+}
+
 func (*WorkerRequest_Load) isWorkerRequest_Body() {}
 
 func (*WorkerRequest_Step) isWorkerRequest_Body() {}
@@ -210,6 +224,8 @@ func (*WorkerRequest_Step) isWorkerRequest_Body() {}
 func (*WorkerRequest_Tokenize) isWorkerRequest_Body() {}
 
 func (*WorkerRequest_Vocabulary) isWorkerRequest_Body() {}
+
+func (*WorkerRequest_CheckGrammar) isWorkerRequest_Body() {}
 
 type WorkerReply struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -221,6 +237,7 @@ type WorkerReply struct {
 	//	*WorkerReply_Tokens
 	//	*WorkerReply_Vocabulary
 	//	*WorkerReply_Error
+	//	*WorkerReply_GrammarChecked
 	Body          isWorkerReply_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -315,6 +332,15 @@ func (x *WorkerReply) GetError() *WorkerError {
 	return nil
 }
 
+func (x *WorkerReply) GetGrammarChecked() *GrammarChecked {
+	if x != nil {
+		if x, ok := x.Body.(*WorkerReply_GrammarChecked); ok {
+			return x.GrammarChecked
+		}
+	}
+	return nil
+}
+
 type isWorkerReply_Body interface {
 	isWorkerReply_Body()
 }
@@ -340,6 +366,11 @@ type WorkerReply_Error struct {
 	Error *WorkerError `protobuf:"bytes,6,opt,name=error,proto3,oneof"`
 }
 
+type WorkerReply_GrammarChecked struct {
+	// A grammar llama.cpp parsed: CheckGrammar's answer when it is good.
+	GrammarChecked *GrammarChecked `protobuf:"bytes,7,opt,name=grammar_checked,json=grammarChecked,proto3,oneof"`
+}
+
 func (*WorkerReply_Ready) isWorkerReply_Body() {}
 
 func (*WorkerReply_Step) isWorkerReply_Body() {}
@@ -349,6 +380,92 @@ func (*WorkerReply_Tokens) isWorkerReply_Body() {}
 func (*WorkerReply_Vocabulary) isWorkerReply_Body() {}
 
 func (*WorkerReply_Error) isWorkerReply_Body() {}
+
+func (*WorkerReply_GrammarChecked) isWorkerReply_Body() {}
+
+// CheckGrammar asks a vocabulary worker whether llama.cpp parses a GBNF
+// grammar (start rule root) for the model's vocabulary: a grammar is
+// checked there, in a process of its own with a bounded wait, before a
+// request that carries it reaches a rank.
+type CheckGrammar struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Gbnf          string                 `protobuf:"bytes,1,opt,name=gbnf,proto3" json:"gbnf,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckGrammar) Reset() {
+	*x = CheckGrammar{}
+	mi := &file_dpnode_v1_worker_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckGrammar) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckGrammar) ProtoMessage() {}
+
+func (x *CheckGrammar) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_worker_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckGrammar.ProtoReflect.Descriptor instead.
+func (*CheckGrammar) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CheckGrammar) GetGbnf() string {
+	if x != nil {
+		return x.Gbnf
+	}
+	return ""
+}
+
+type GrammarChecked struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrammarChecked) Reset() {
+	*x = GrammarChecked{}
+	mi := &file_dpnode_v1_worker_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrammarChecked) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrammarChecked) ProtoMessage() {}
+
+func (x *GrammarChecked) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_worker_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrammarChecked.ProtoReflect.Descriptor instead.
+func (*GrammarChecked) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{3}
+}
 
 // LoadModel is the first request: the worker loads the model and answers
 // ModelReady or WorkerError.
@@ -389,7 +506,7 @@ type LoadModel struct {
 
 func (x *LoadModel) Reset() {
 	*x = LoadModel{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[2]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +518,7 @@ func (x *LoadModel) String() string {
 func (*LoadModel) ProtoMessage() {}
 
 func (x *LoadModel) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[2]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +531,7 @@ func (x *LoadModel) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadModel.ProtoReflect.Descriptor instead.
 func (*LoadModel) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{2}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LoadModel) GetPath() string {
@@ -534,7 +651,7 @@ type ModelReady struct {
 
 func (x *ModelReady) Reset() {
 	*x = ModelReady{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[3]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -546,7 +663,7 @@ func (x *ModelReady) String() string {
 func (*ModelReady) ProtoMessage() {}
 
 func (x *ModelReady) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[3]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -559,7 +676,7 @@ func (x *ModelReady) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelReady.ProtoReflect.Descriptor instead.
 func (*ModelReady) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{3}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ModelReady) GetArchitecture() string {
@@ -686,7 +803,7 @@ type ExecuteStep struct {
 
 func (x *ExecuteStep) Reset() {
 	*x = ExecuteStep{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[4]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -698,7 +815,7 @@ func (x *ExecuteStep) String() string {
 func (*ExecuteStep) ProtoMessage() {}
 
 func (x *ExecuteStep) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[4]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -711,7 +828,7 @@ func (x *ExecuteStep) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecuteStep.ProtoReflect.Descriptor instead.
 func (*ExecuteStep) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{4}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ExecuteStep) GetOps() []*KVOp {
@@ -741,7 +858,7 @@ type KVOp struct {
 
 func (x *KVOp) Reset() {
 	*x = KVOp{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[5]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -753,7 +870,7 @@ func (x *KVOp) String() string {
 func (*KVOp) ProtoMessage() {}
 
 func (x *KVOp) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[5]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -766,7 +883,7 @@ func (x *KVOp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVOp.ProtoReflect.Descriptor instead.
 func (*KVOp) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{5}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KVOp) GetOp() isKVOp_Op {
@@ -824,7 +941,7 @@ type KVCopy struct {
 
 func (x *KVCopy) Reset() {
 	*x = KVCopy{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[6]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +953,7 @@ func (x *KVCopy) String() string {
 func (*KVCopy) ProtoMessage() {}
 
 func (x *KVCopy) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[6]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +966,7 @@ func (x *KVCopy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCopy.ProtoReflect.Descriptor instead.
 func (*KVCopy) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{6}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *KVCopy) GetSrc() int32 {
@@ -891,7 +1008,7 @@ type KVRemove struct {
 
 func (x *KVRemove) Reset() {
 	*x = KVRemove{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[7]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -903,7 +1020,7 @@ func (x *KVRemove) String() string {
 func (*KVRemove) ProtoMessage() {}
 
 func (x *KVRemove) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[7]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -916,7 +1033,7 @@ func (x *KVRemove) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVRemove.ProtoReflect.Descriptor instead.
 func (*KVRemove) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{7}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KVRemove) GetSeq() int32 {
@@ -962,7 +1079,7 @@ type StepSequence struct {
 
 func (x *StepSequence) Reset() {
 	*x = StepSequence{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[8]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -974,7 +1091,7 @@ func (x *StepSequence) String() string {
 func (*StepSequence) ProtoMessage() {}
 
 func (x *StepSequence) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[8]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -987,7 +1104,7 @@ func (x *StepSequence) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepSequence.ProtoReflect.Descriptor instead.
 func (*StepSequence) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{8}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StepSequence) GetSeq() int32 {
@@ -1065,15 +1182,23 @@ type SampleParams struct {
 	History *PenaltyHistory `protobuf:"bytes,12,opt,name=history,proto3" json:"history,omitempty"`
 	// Return the drawn token's log-probability, and those of the
 	// top_logprobs most likely tokens, under the model's raw logits.
-	Logprobs      bool  `protobuf:"varint,13,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
-	TopLogprobs   int32 `protobuf:"varint,14,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	Logprobs    bool  `protobuf:"varint,13,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs int32 `protobuf:"varint,14,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// The request's output is constrained by a grammar (structured
+	// output): the token drawn is one the sequence's grammar allows, and
+	// the grammar advances over it.
+	Constrained bool `protobuf:"varint,15,opt,name=constrained,proto3" json:"constrained,omitempty"`
+	// The grammar (GBNF, start rule root), when the worker's sequence may
+	// not hold its state (as for history): the worker parses it and replays
+	// history's output over it.
+	Grammar       string `protobuf:"bytes,16,opt,name=grammar,proto3" json:"grammar,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SampleParams) Reset() {
 	*x = SampleParams{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[9]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1210,7 @@ func (x *SampleParams) String() string {
 func (*SampleParams) ProtoMessage() {}
 
 func (x *SampleParams) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[9]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1223,7 @@ func (x *SampleParams) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SampleParams.ProtoReflect.Descriptor instead.
 func (*SampleParams) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{9}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SampleParams) GetTemperature() float32 {
@@ -1199,6 +1324,20 @@ func (x *SampleParams) GetTopLogprobs() int32 {
 	return 0
 }
 
+func (x *SampleParams) GetConstrained() bool {
+	if x != nil {
+		return x.Constrained
+	}
+	return false
+}
+
+func (x *SampleParams) GetGrammar() string {
+	if x != nil {
+		return x.Grammar
+	}
+	return ""
+}
+
 // PromptLogprobs are one sequence's prompt log-probabilities of a step,
 // one per target, in order.
 type PromptLogprobs struct {
@@ -1211,7 +1350,7 @@ type PromptLogprobs struct {
 
 func (x *PromptLogprobs) Reset() {
 	*x = PromptLogprobs{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1223,7 +1362,7 @@ func (x *PromptLogprobs) String() string {
 func (*PromptLogprobs) ProtoMessage() {}
 
 func (x *PromptLogprobs) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[10]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1236,7 +1375,7 @@ func (x *PromptLogprobs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromptLogprobs.ProtoReflect.Descriptor instead.
 func (*PromptLogprobs) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{10}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PromptLogprobs) GetSeq() int32 {
@@ -1264,7 +1403,7 @@ type PenaltyHistory struct {
 
 func (x *PenaltyHistory) Reset() {
 	*x = PenaltyHistory{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1415,7 @@ func (x *PenaltyHistory) String() string {
 func (*PenaltyHistory) ProtoMessage() {}
 
 func (x *PenaltyHistory) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[11]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1428,7 @@ func (x *PenaltyHistory) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PenaltyHistory.ProtoReflect.Descriptor instead.
 func (*PenaltyHistory) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{11}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PenaltyHistory) GetPrompt() []uint32 {
@@ -1338,7 +1477,7 @@ type StepDone struct {
 
 func (x *StepDone) Reset() {
 	*x = StepDone{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +1489,7 @@ func (x *StepDone) String() string {
 func (*StepDone) ProtoMessage() {}
 
 func (x *StepDone) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[12]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +1502,7 @@ func (x *StepDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepDone.ProtoReflect.Descriptor instead.
 func (*StepDone) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{12}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StepDone) GetTokens() []uint32 {
@@ -1442,7 +1581,7 @@ type TokenizeText struct {
 
 func (x *TokenizeText) Reset() {
 	*x = TokenizeText{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +1593,7 @@ func (x *TokenizeText) String() string {
 func (*TokenizeText) ProtoMessage() {}
 
 func (x *TokenizeText) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[13]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +1606,7 @@ func (x *TokenizeText) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenizeText.ProtoReflect.Descriptor instead.
 func (*TokenizeText) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{13}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TokenizeText) GetText() string {
@@ -1500,7 +1639,7 @@ type TokenIds struct {
 
 func (x *TokenIds) Reset() {
 	*x = TokenIds{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1512,7 +1651,7 @@ func (x *TokenIds) String() string {
 func (*TokenIds) ProtoMessage() {}
 
 func (x *TokenIds) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[14]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1525,7 +1664,7 @@ func (x *TokenIds) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenIds.ProtoReflect.Descriptor instead.
 func (*TokenIds) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{14}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *TokenIds) GetIds() []uint32 {
@@ -1543,7 +1682,7 @@ type GetVocabulary struct {
 
 func (x *GetVocabulary) Reset() {
 	*x = GetVocabulary{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1555,7 +1694,7 @@ func (x *GetVocabulary) String() string {
 func (*GetVocabulary) ProtoMessage() {}
 
 func (x *GetVocabulary) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[15]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1568,7 +1707,7 @@ func (x *GetVocabulary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVocabulary.ProtoReflect.Descriptor instead.
 func (*GetVocabulary) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{15}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{17}
 }
 
 // Vocabulary gives every token's text as generated output shows it: the
@@ -1589,7 +1728,7 @@ type Vocabulary struct {
 
 func (x *Vocabulary) Reset() {
 	*x = Vocabulary{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[16]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1601,7 +1740,7 @@ func (x *Vocabulary) String() string {
 func (*Vocabulary) ProtoMessage() {}
 
 func (x *Vocabulary) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[16]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1614,7 +1753,7 @@ func (x *Vocabulary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Vocabulary.ProtoReflect.Descriptor instead.
 func (*Vocabulary) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{16}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Vocabulary) GetPieces() []byte {
@@ -1654,7 +1793,7 @@ type WorkerError struct {
 
 func (x *WorkerError) Reset() {
 	*x = WorkerError{}
-	mi := &file_dpnode_v1_worker_proto_msgTypes[17]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1805,7 @@ func (x *WorkerError) String() string {
 func (*WorkerError) ProtoMessage() {}
 
 func (x *WorkerError) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_worker_proto_msgTypes[17]
+	mi := &file_dpnode_v1_worker_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1818,7 @@ func (x *WorkerError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerError.ProtoReflect.Descriptor instead.
 func (*WorkerError) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{17}
+	return file_dpnode_v1_worker_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *WorkerError) GetMessage() string {
@@ -1693,7 +1832,7 @@ var File_dpnode_v1_worker_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\n" +
-	"\x16dpnode/v1/worker.proto\x12\tdpnode.v1\x1a\x16dpnode/v1/engine.proto\"\xf4\x01\n" +
+	"\x16dpnode/v1/worker.proto\x12\tdpnode.v1\x1a\x16dpnode/v1/engine.proto\"\xb4\x02\n" +
 	"\rWorkerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12*\n" +
 	"\x04load\x18\x02 \x01(\v2\x14.dpnode.v1.LoadModelH\x00R\x04load\x12,\n" +
@@ -1701,8 +1840,9 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\btokenize\x18\x04 \x01(\v2\x17.dpnode.v1.TokenizeTextH\x00R\btokenize\x12:\n" +
 	"\n" +
 	"vocabulary\x18\x05 \x01(\v2\x18.dpnode.v1.GetVocabularyH\x00R\n" +
-	"vocabularyB\x06\n" +
-	"\x04body\"\x97\x02\n" +
+	"vocabulary\x12>\n" +
+	"\rcheck_grammar\x18\x06 \x01(\v2\x17.dpnode.v1.CheckGrammarH\x00R\fcheckGrammarB\x06\n" +
+	"\x04body\"\xdd\x02\n" +
 	"\vWorkerReply\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12-\n" +
 	"\x05ready\x18\x02 \x01(\v2\x15.dpnode.v1.ModelReadyH\x00R\x05ready\x12)\n" +
@@ -1711,8 +1851,12 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\n" +
 	"vocabulary\x18\x05 \x01(\v2\x15.dpnode.v1.VocabularyH\x00R\n" +
 	"vocabulary\x12.\n" +
-	"\x05error\x18\x06 \x01(\v2\x16.dpnode.v1.WorkerErrorH\x00R\x05errorB\x06\n" +
-	"\x04body\"\xc0\x03\n" +
+	"\x05error\x18\x06 \x01(\v2\x16.dpnode.v1.WorkerErrorH\x00R\x05error\x12D\n" +
+	"\x0fgrammar_checked\x18\a \x01(\v2\x19.dpnode.v1.GrammarCheckedH\x00R\x0egrammarCheckedB\x06\n" +
+	"\x04body\"\"\n" +
+	"\fCheckGrammar\x12\x12\n" +
+	"\x04gbnf\x18\x01 \x01(\tR\x04gbnf\"\x10\n" +
+	"\x0eGrammarChecked\"\xc0\x03\n" +
 	"\tLoadModel\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1d\n" +
 	"\n" +
@@ -1776,7 +1920,7 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x06tokens\x18\x03 \x03(\rR\x06tokens\x12/\n" +
 	"\x06sample\x18\x04 \x01(\v2\x17.dpnode.v1.SampleParamsR\x06sample\x124\n" +
 	"\x16prompt_logprob_targets\x18\x05 \x03(\rR\x14promptLogprobTargets\x12.\n" +
-	"\x13prompt_top_logprobs\x18\x06 \x01(\x05R\x11promptTopLogprobs\"\x85\x04\n" +
+	"\x13prompt_top_logprobs\x18\x06 \x01(\x05R\x11promptTopLogprobs\"\xc1\x04\n" +
 	"\fSampleParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x13\n" +
@@ -1792,7 +1936,9 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x11logit_bias_values\x18\v \x03(\x02R\x0flogitBiasValues\x123\n" +
 	"\ahistory\x18\f \x01(\v2\x19.dpnode.v1.PenaltyHistoryR\ahistory\x12\x1a\n" +
 	"\blogprobs\x18\r \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\x0e \x01(\x05R\vtopLogprobs\"X\n" +
+	"\ftop_logprobs\x18\x0e \x01(\x05R\vtopLogprobs\x12 \n" +
+	"\vconstrained\x18\x0f \x01(\bR\vconstrained\x12\x18\n" +
+	"\agrammar\x18\x10 \x01(\tR\agrammar\"X\n" +
 	"\x0ePromptLogprobs\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x124\n" +
 	"\blogprobs\x18\x02 \x03(\v2\x18.dpnode.v1.TokenLogprobsR\blogprobs\"@\n" +
@@ -1846,54 +1992,58 @@ func file_dpnode_v1_worker_proto_rawDescGZIP() []byte {
 }
 
 var file_dpnode_v1_worker_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_dpnode_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_dpnode_v1_worker_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_dpnode_v1_worker_proto_goTypes = []any{
 	(GreedyInGraph)(0),     // 0: dpnode.v1.GreedyInGraph
 	(*WorkerRequest)(nil),  // 1: dpnode.v1.WorkerRequest
 	(*WorkerReply)(nil),    // 2: dpnode.v1.WorkerReply
-	(*LoadModel)(nil),      // 3: dpnode.v1.LoadModel
-	(*ModelReady)(nil),     // 4: dpnode.v1.ModelReady
-	(*ExecuteStep)(nil),    // 5: dpnode.v1.ExecuteStep
-	(*KVOp)(nil),           // 6: dpnode.v1.KVOp
-	(*KVCopy)(nil),         // 7: dpnode.v1.KVCopy
-	(*KVRemove)(nil),       // 8: dpnode.v1.KVRemove
-	(*StepSequence)(nil),   // 9: dpnode.v1.StepSequence
-	(*SampleParams)(nil),   // 10: dpnode.v1.SampleParams
-	(*PromptLogprobs)(nil), // 11: dpnode.v1.PromptLogprobs
-	(*PenaltyHistory)(nil), // 12: dpnode.v1.PenaltyHistory
-	(*StepDone)(nil),       // 13: dpnode.v1.StepDone
-	(*TokenizeText)(nil),   // 14: dpnode.v1.TokenizeText
-	(*TokenIds)(nil),       // 15: dpnode.v1.TokenIds
-	(*GetVocabulary)(nil),  // 16: dpnode.v1.GetVocabulary
-	(*Vocabulary)(nil),     // 17: dpnode.v1.Vocabulary
-	(*WorkerError)(nil),    // 18: dpnode.v1.WorkerError
-	(*TokenLogprobs)(nil),  // 19: dpnode.v1.TokenLogprobs
+	(*CheckGrammar)(nil),   // 3: dpnode.v1.CheckGrammar
+	(*GrammarChecked)(nil), // 4: dpnode.v1.GrammarChecked
+	(*LoadModel)(nil),      // 5: dpnode.v1.LoadModel
+	(*ModelReady)(nil),     // 6: dpnode.v1.ModelReady
+	(*ExecuteStep)(nil),    // 7: dpnode.v1.ExecuteStep
+	(*KVOp)(nil),           // 8: dpnode.v1.KVOp
+	(*KVCopy)(nil),         // 9: dpnode.v1.KVCopy
+	(*KVRemove)(nil),       // 10: dpnode.v1.KVRemove
+	(*StepSequence)(nil),   // 11: dpnode.v1.StepSequence
+	(*SampleParams)(nil),   // 12: dpnode.v1.SampleParams
+	(*PromptLogprobs)(nil), // 13: dpnode.v1.PromptLogprobs
+	(*PenaltyHistory)(nil), // 14: dpnode.v1.PenaltyHistory
+	(*StepDone)(nil),       // 15: dpnode.v1.StepDone
+	(*TokenizeText)(nil),   // 16: dpnode.v1.TokenizeText
+	(*TokenIds)(nil),       // 17: dpnode.v1.TokenIds
+	(*GetVocabulary)(nil),  // 18: dpnode.v1.GetVocabulary
+	(*Vocabulary)(nil),     // 19: dpnode.v1.Vocabulary
+	(*WorkerError)(nil),    // 20: dpnode.v1.WorkerError
+	(*TokenLogprobs)(nil),  // 21: dpnode.v1.TokenLogprobs
 }
 var file_dpnode_v1_worker_proto_depIdxs = []int32{
-	3,  // 0: dpnode.v1.WorkerRequest.load:type_name -> dpnode.v1.LoadModel
-	5,  // 1: dpnode.v1.WorkerRequest.step:type_name -> dpnode.v1.ExecuteStep
-	14, // 2: dpnode.v1.WorkerRequest.tokenize:type_name -> dpnode.v1.TokenizeText
-	16, // 3: dpnode.v1.WorkerRequest.vocabulary:type_name -> dpnode.v1.GetVocabulary
-	4,  // 4: dpnode.v1.WorkerReply.ready:type_name -> dpnode.v1.ModelReady
-	13, // 5: dpnode.v1.WorkerReply.step:type_name -> dpnode.v1.StepDone
-	15, // 6: dpnode.v1.WorkerReply.tokens:type_name -> dpnode.v1.TokenIds
-	17, // 7: dpnode.v1.WorkerReply.vocabulary:type_name -> dpnode.v1.Vocabulary
-	18, // 8: dpnode.v1.WorkerReply.error:type_name -> dpnode.v1.WorkerError
-	0,  // 9: dpnode.v1.LoadModel.greedy_in_graph:type_name -> dpnode.v1.GreedyInGraph
-	6,  // 10: dpnode.v1.ExecuteStep.ops:type_name -> dpnode.v1.KVOp
-	9,  // 11: dpnode.v1.ExecuteStep.sequences:type_name -> dpnode.v1.StepSequence
-	7,  // 12: dpnode.v1.KVOp.copy:type_name -> dpnode.v1.KVCopy
-	8,  // 13: dpnode.v1.KVOp.remove:type_name -> dpnode.v1.KVRemove
-	10, // 14: dpnode.v1.StepSequence.sample:type_name -> dpnode.v1.SampleParams
-	12, // 15: dpnode.v1.SampleParams.history:type_name -> dpnode.v1.PenaltyHistory
-	19, // 16: dpnode.v1.PromptLogprobs.logprobs:type_name -> dpnode.v1.TokenLogprobs
-	19, // 17: dpnode.v1.StepDone.logprobs:type_name -> dpnode.v1.TokenLogprobs
-	11, // 18: dpnode.v1.StepDone.prompt_logprobs:type_name -> dpnode.v1.PromptLogprobs
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	5,  // 0: dpnode.v1.WorkerRequest.load:type_name -> dpnode.v1.LoadModel
+	7,  // 1: dpnode.v1.WorkerRequest.step:type_name -> dpnode.v1.ExecuteStep
+	16, // 2: dpnode.v1.WorkerRequest.tokenize:type_name -> dpnode.v1.TokenizeText
+	18, // 3: dpnode.v1.WorkerRequest.vocabulary:type_name -> dpnode.v1.GetVocabulary
+	3,  // 4: dpnode.v1.WorkerRequest.check_grammar:type_name -> dpnode.v1.CheckGrammar
+	6,  // 5: dpnode.v1.WorkerReply.ready:type_name -> dpnode.v1.ModelReady
+	15, // 6: dpnode.v1.WorkerReply.step:type_name -> dpnode.v1.StepDone
+	17, // 7: dpnode.v1.WorkerReply.tokens:type_name -> dpnode.v1.TokenIds
+	19, // 8: dpnode.v1.WorkerReply.vocabulary:type_name -> dpnode.v1.Vocabulary
+	20, // 9: dpnode.v1.WorkerReply.error:type_name -> dpnode.v1.WorkerError
+	4,  // 10: dpnode.v1.WorkerReply.grammar_checked:type_name -> dpnode.v1.GrammarChecked
+	0,  // 11: dpnode.v1.LoadModel.greedy_in_graph:type_name -> dpnode.v1.GreedyInGraph
+	8,  // 12: dpnode.v1.ExecuteStep.ops:type_name -> dpnode.v1.KVOp
+	11, // 13: dpnode.v1.ExecuteStep.sequences:type_name -> dpnode.v1.StepSequence
+	9,  // 14: dpnode.v1.KVOp.copy:type_name -> dpnode.v1.KVCopy
+	10, // 15: dpnode.v1.KVOp.remove:type_name -> dpnode.v1.KVRemove
+	12, // 16: dpnode.v1.StepSequence.sample:type_name -> dpnode.v1.SampleParams
+	14, // 17: dpnode.v1.SampleParams.history:type_name -> dpnode.v1.PenaltyHistory
+	21, // 18: dpnode.v1.PromptLogprobs.logprobs:type_name -> dpnode.v1.TokenLogprobs
+	21, // 19: dpnode.v1.StepDone.logprobs:type_name -> dpnode.v1.TokenLogprobs
+	13, // 20: dpnode.v1.StepDone.prompt_logprobs:type_name -> dpnode.v1.PromptLogprobs
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_worker_proto_init() }
@@ -1907,6 +2057,7 @@ func file_dpnode_v1_worker_proto_init() {
 		(*WorkerRequest_Step)(nil),
 		(*WorkerRequest_Tokenize)(nil),
 		(*WorkerRequest_Vocabulary)(nil),
+		(*WorkerRequest_CheckGrammar)(nil),
 	}
 	file_dpnode_v1_worker_proto_msgTypes[1].OneofWrappers = []any{
 		(*WorkerReply_Ready)(nil),
@@ -1914,8 +2065,9 @@ func file_dpnode_v1_worker_proto_init() {
 		(*WorkerReply_Tokens)(nil),
 		(*WorkerReply_Vocabulary)(nil),
 		(*WorkerReply_Error)(nil),
+		(*WorkerReply_GrammarChecked)(nil),
 	}
-	file_dpnode_v1_worker_proto_msgTypes[5].OneofWrappers = []any{
+	file_dpnode_v1_worker_proto_msgTypes[7].OneofWrappers = []any{
 		(*KVOp_Copy)(nil),
 		(*KVOp_Remove)(nil),
 	}
@@ -1925,7 +2077,7 @@ func file_dpnode_v1_worker_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpnode_v1_worker_proto_rawDesc), len(file_dpnode_v1_worker_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

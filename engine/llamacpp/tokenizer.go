@@ -126,11 +126,11 @@ func (t *Tokenizer) Ready() *dpnodev1.ModelReady {
 func (t *Tokenizer) Encode(text string, addSpecial bool) ([]uint32, error) {
 	req := &dpnodev1.TokenizeText{Text: text, AddSpecial: addSpecial, ParseSpecial: true}
 	rep, err := t.call(&dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_Tokenize{Tokenize: req}}, t.timeout)
-	if err != nil && !errors.Is(err, ErrTokenizerDown) {
-		err = fmt.Errorf("%w: %w", ErrTokenizerDown, err)
-	}
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrTokenizerDown):
 		return nil, err
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w", ErrTokenizerDown, err)
 	}
 	return rep.GetTokens().GetIds(), nil
 }

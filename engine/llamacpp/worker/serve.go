@@ -557,9 +557,10 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		if h := s.params[i].History; h != nil {
 			h.Add(r.tok)
 		}
-		// The grammar advances over its token; a token it does not allow
-		// is the end a finished grammar forces, and ends the output.
-		if g := s.grammars[r.seq]; s.params[i].Constraint != nil && g.Allows(r.tok) {
+		// The grammar advances over its token. The draw checked every
+		// token it returns but the end token, which a finished grammar
+		// forces even where it does not allow it: that ends the output.
+		if g := s.grammars[r.seq]; s.params[i].Constraint != nil && (r.tok != g.End() || g.Allows(r.tok)) {
 			g.accept(r.tok)
 		}
 		s.last[r.seq], s.hasLast[r.seq] = uint32(r.tok), true

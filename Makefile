@@ -1,3 +1,7 @@
+# The Go release dpnode builds with (go.mod's toolchain): the go command of
+# an older Go fetches it through the module proxy once.
+GOTOOLCHAIN           ?= go1.27.3
+export GOTOOLCHAIN
 # Tool versions are pinned so that generated code is the same everywhere.
 BUF_VERSION           ?= v1.75.0
 PROTOC_GEN_GO_VERSION ?= v1.36.12

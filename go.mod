@@ -1,10 +1,12 @@
 module github.com/dpnode/dpnode
 
-go 1.26.0
+go 1.27.0
+
+toolchain go1.27.3
 
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1
-	github.com/ardanlabs/jinja v1.8.0
+	github.com/ardanlabs/jinja v1.12.0
 	github.com/asynkron/protoactor-go v0.0.0-20240822202345-3c0e61ca19c9
 	github.com/chromedp/chromedp v0.23.1
 	github.com/go-chi/chi/v5 v5.5.0

@@ -1,6 +1,6 @@
 module github.com/dpnode/dpnode/deploy
 
-go 1.26.0
+go 1.27.0
 
 replace github.com/dpnode/dpnode => ../
 
@@ -19,7 +19,7 @@ require (
 require (
 	github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
 	github.com/Workiva/go-datastructures v1.1.3 // indirect
-	github.com/ardanlabs/jinja v1.8.0 // indirect
+	github.com/ardanlabs/jinja v1.12.0 // indirect
 	github.com/asynkron/gofun v0.0.0-20220329210725-34fed760f4c2 // indirect
 	github.com/asynkron/protoactor-go v0.0.0-20240822202345-3c0e61ca19c9 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect

@@ -3,6 +3,7 @@
 # of the same shape (seeds 7, 8, 9), at the same offered rate; the
 # binaries are built once, so every round measures the same code.
 set -euo pipefail
+export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}"
 cd "$(dirname "$0")/../.."
 mkdir -p /tmp/dpnode-bench
 go build -o /tmp/dpnode-bench/dpnode ./cmd/dpnode

@@ -1,6 +1,7 @@
 # Shared by the benchmark scripts: builds the binaries and cleans up the
 # processes a script starts.
 set -euo pipefail
+export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}"
 cd "$(dirname "$0")/../.."
 export PATH="/usr/local/go/bin:$PATH"
 OUT=${OUT:-docs/bench/results}

@@ -11,6 +11,7 @@
 # TRIES (default 10) tries of each. The benchmark is BenchmarkFailover in
 # cluster/failover_bench_test.go.
 set -euo pipefail
+export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}"
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-docs/bench/results}
 TRIES=${TRIES:-10}

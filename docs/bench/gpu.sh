@@ -18,6 +18,7 @@
 # DPNODE_EXTRA adds flags to dpnode (--greedy-in-graph off: greedy rows
 # sampled on the host, as before they ran in llama.cpp's graph).
 set -euo pipefail
+export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}"
 cd "$(dirname "$0")/../.."
 G=${G:-$PWD/.gpu}
 W=${W:-$G/work}

@@ -35,4 +35,12 @@ func TestLlamaCppParsesEveryCorpusGrammar(t *testing.T) {
 	}
 	g, err := FromChoice([]string{"a", "b\"c", "日本", `\`})
 	check("choice", g, err)
+	args := []byte(`{"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}`)
+	g, err = Repeated("", [][]Part{{{Text: "<tool_call>\n{\"name\": \"f\", \"arguments\": "}, {Schema: args}, {Text: "}\n</tool_call>"}},
+		{{Text: "<tool_call>\n{\"name\": \"g\", \"arguments\": "}, {Schema: []byte(`{}`)}, {Text: "}\n</tool_call>"}}}, "\n", "", 1, 8)
+	check("hermes tool calls", g, err)
+	g, err = Repeated("[TOOL_CALLS][", [][]Part{{{Text: `{"name": "f", "arguments": `}, {Schema: args}, {Text: "}"}}}, ", ", "]", 1, 1)
+	check("mistral tool calls", g, err)
+	g, err = Repeated("", [][]Part{{{Schema: args}}}, "", "", 1, 1)
+	check("arguments only", g, err)
 }

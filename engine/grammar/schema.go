@@ -107,35 +107,44 @@ type pendingRef struct {
 	schema     *jsonValue
 }
 
-func newConverter(doc *jsonValue) *converter {
-	return &converter{b: newBuilder(), doc: doc, refs: map[string]string{}, exprs: map[string]expr{}}
+func newConverter(doc *jsonValue) *converter { return newConverterOn(newBuilder(), doc) }
+
+// newConverterOn converts doc into rules of b, which other conversions
+// may share.
+func newConverterOn(b *builder, doc *jsonValue) *converter {
+	return &converter{b: b, doc: doc, refs: map[string]string{}, exprs: map[string]expr{}}
 }
 
 func (c *converter) run() (string, error) {
-	root := c.b.reserve("root")
-	c.refs[""] = root
-	c.pending = append(c.pending, pendingRef{name: root, path: "", schema: c.doc})
+	if err := c.define(c.b.reserve("root")); err != nil {
+		return "", err
+	}
+	return c.b.text(), nil
+}
+
+// define makes the reserved rule name match the schema, with the rules it
+// needs.
+func (c *converter) define(name string) error {
+	c.refs[""] = name
+	c.pending = append(c.pending, pendingRef{name: name, path: "", schema: c.doc})
 	for len(c.pending) > 0 {
 		p := c.pending[0]
 		c.pending = c.pending[1:]
 		e, err := c.convert(p.schema, p.path, 0, p.name)
 		if err != nil {
-			return "", err
+			return err
 		}
 		c.b.define(p.name, e)
 		c.targets = append(c.targets, p)
 		c.exprs[p.name] = e
 		if c.b.tooBig {
-			return "", tooBig(sourceSchema, "")
+			return tooBig(sourceSchema, "")
 		}
 	}
 	if err := c.checkLeftRecursion(); err != nil {
-		return "", err
+		return err
 	}
-	if err := c.checkFinite(); err != nil {
-		return "", err
-	}
-	return c.b.text(), nil
+	return c.checkFinite()
 }
 
 // checkFinite refuses schemas with a part that only infinite JSON could

@@ -889,6 +889,20 @@ func (n *llamaNode) postJSON(t *testing.T, path string, body map[string]any, out
 	}
 }
 
+// post posts body to path and returns the status and the answer, whatever
+// they are.
+func (n *llamaNode) post(t *testing.T, path string, body map[string]any) (int, []byte) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := n.http.Post(n.base+path, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, raw
+}
+
 // tryPostJSON is postJSON for a goroutine of its own: it returns what went
 // wrong.
 func (n *llamaNode) tryPostJSON(path string, body map[string]any, out any, headers ...string) error {

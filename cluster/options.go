@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/dpnode/dpnode/engine/llamacpp"
 	"github.com/dpnode/dpnode/engine/sim"
 	httpapi "github.com/dpnode/dpnode/http"
+	"github.com/dpnode/dpnode/http/toolcall"
 )
 
 // Options are a node's settings, as given on the command line. For the
@@ -98,6 +100,13 @@ type Options struct {
 	// ChatTemplate is a Jinja chat template file that replaces the
 	// model's own.
 	ChatTemplate string
+	// ToolCallParser reads tool calls from the output in the model
+	// family's syntax, as vLLM's --tool-call-parser: llama3_json, hermes
+	// or mistral; empty reads none.
+	ToolCallParser string
+	// EnableAutoToolChoice lets the model choose to call tools (vLLM's
+	// --enable-auto-tool-choice); it needs ToolCallParser.
+	EnableAutoToolChoice bool
 	// KVCacheDtype is the llama.cpp KV cache's element type: auto (the
 	// model's: float32 for an F32 model, else float16), float16 or
 	// float32.
@@ -331,6 +340,14 @@ func (o Options) check() (*plan, error) {
 	// checked with any count that the flags themselves allow.
 	if _, err := dp.Resolve(p.flags, max(o.GPUs, 1)); err != nil {
 		return nil, fmt.Errorf("%w: %w", errFlags, err)
+	}
+	switch {
+	case o.ToolCallParser != "" && !slices.Contains(toolcall.Parsers(), o.ToolCallParser):
+		return nil, flagError("--tool-call-parser must be one of %s, got %q", strings.Join(toolcall.Parsers(), ", "), o.ToolCallParser)
+	case o.EnableAutoToolChoice && o.ToolCallParser == "":
+		return nil, flagError("--enable-auto-tool-choice needs --tool-call-parser (%s), which reads the calls in the model's syntax", strings.Join(toolcall.Parsers(), ", "))
+	case o.Engine != "llamacpp" && (o.ToolCallParser != "" || o.EnableAutoToolChoice):
+		return nil, flagError("--tool-call-parser and --enable-auto-tool-choice need --engine llamacpp: the simulated engine's text cannot hold tool calls")
 	}
 	if o.Engine == "llamacpp" {
 		if err := p.checkLlamaCpp(); err != nil {

@@ -268,6 +268,8 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 			Tokenizer:       eng.tokenizer,
 			ChatTemplate:    eng.template,
 			SimulatedEngine: eng.simulated,
+			ToolCallParser:  o.ToolCallParser,
+			AutoToolChoice:  o.EnableAutoToolChoice,
 			MaxModelLen:     p.scheduler.MaxModelLen,
 			APIKeys:         p.apiKeys,
 			AdminKeys:       p.adminKeys,

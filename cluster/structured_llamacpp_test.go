@@ -3,11 +3,9 @@
 package cluster_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"regexp"
 	"slices"
@@ -200,21 +198,15 @@ func TestLlamaCppStructuredOutputRefusals(t *testing.T) {
 		for k, v := range c.field {
 			body[k] = v
 		}
-		b, _ := json.Marshal(body)
-		resp, err := n.http.Post(n.base+"/v1/completions", "application/json", bytes.NewReader(b))
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
+		code, raw := n.post(t, "/v1/completions", body)
 		var e struct {
 			Error struct {
 				Message string `json:"message"`
 				Param   string `json:"param"`
 			} `json:"error"`
 		}
-		if resp.StatusCode != http.StatusBadRequest || json.Unmarshal(raw, &e) != nil || e.Error.Param != c.param || !strings.Contains(e.Error.Message, c.says) {
-			t.Errorf("%v: %d %s; want a 400 naming %s (%q)", c.field, resp.StatusCode, raw, c.param, c.says)
+		if code != http.StatusBadRequest || json.Unmarshal(raw, &e) != nil || e.Error.Param != c.param || !strings.Contains(e.Error.Message, c.says) {
+			t.Errorf("%v: %d %s; want a 400 naming %s (%q)", c.field, code, raw, c.param, c.says)
 		}
 	}
 	if ids, _ := n.greedy(t, []uint32{128000, 9906}, 4); len(ids) != 4 {

@@ -46,11 +46,11 @@ env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
 job = json.load(sys.stdin)
 out = {}
 for name, src in job["templates"].items():
-    for case, messages in job["cases"].items():
+    for case, c in job["cases"].items():
         key = name + "/" + case
         try:
-            out[key] = {"ok": True, "text": env.from_string(src).render(messages=messages, add_generation_prompt=True,
-                bos_token=job["bos"], eos_token=job["eos"], tools=None)}
+            out[key] = {"ok": True, "text": env.from_string(src).render(messages=c["messages"], add_generation_prompt=True,
+                bos_token=job["bos"], eos_token=job["eos"], tools=c["tools"])}
         except Exception as e:
             out[key] = {"ok": False, "text": type(e).__name__ + ": " + str(e)}
 json.dump(out, sys.stdout)
@@ -70,7 +70,8 @@ func python(t *testing.T) string {
 
 // TestChatTemplatesRenderLikeHuggingFace renders every chat template of
 // llama.cpp's collection (Llama 3.x, Qwen, DeepSeek, Mistral, Gemma and
-// more) with three conversations, and holds dpnode's rendering to
+// more) with five conversations, two with tools, a call and its result,
+// and holds dpnode's rendering to
 // Python's jinja2 configured as Hugging Face configures it. Where the
 // reference refuses a conversation (roles out of order, a system message
 // the model has no place for), dpnode may refuse too or render: the
@@ -81,11 +82,23 @@ func TestChatTemplatesRenderLikeHuggingFace(t *testing.T) {
 	if err != nil || len(files) < 40 {
 		t.Fatalf("%d templates found (%v)", len(files), err)
 	}
-	cases := map[string][]ChatMessage{
-		"one user message": {{Role: "user", Content: "Hello"}},
-		"a conversation": {{Role: "system", Content: "You are terse."}, {Role: "user", Content: "Hi"},
-			{Role: "assistant", Content: "Hello there."}, {Role: "user", Content: "What is 2+2?"}},
-		"unicode and markup": {{Role: "user", Content: "Ünïcödé \"quotes\" <tags> & stuff\nnew line 🦙"}},
+	type conversation struct {
+		msgs  []ChatMessage
+		tools []json.RawMessage
+	}
+	tools := []json.RawMessage{
+		json.RawMessage(`{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city, <now> & later", "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city, e.g. Zürich"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}, "days": {"type": "integer", "minimum": 1, "maximum": 1e1}, "scale": {"type": "number", "default": 1.0, "minimum": 0.25}}, "required": ["city"]}}}`),
+		json.RawMessage(`{"type": "function", "function": {"name": "get_time", "description": "The time now", "parameters": {"type": "object", "properties": {}}}}`),
+	}
+	cases := map[string]conversation{
+		"one user message": {msgs: []ChatMessage{{Role: "user", Content: "Hello"}}},
+		"a conversation": {msgs: []ChatMessage{{Role: "system", Content: "You are terse."}, {Role: "user", Content: "Hi"},
+			{Role: "assistant", Content: "Hello there."}, {Role: "user", Content: "What is 2+2?"}}},
+		"unicode and markup": {msgs: []ChatMessage{{Role: "user", Content: "Ünïcödé \"quotes\" <tags> & stuff\nnew line 🦙"}}},
+		"tools offered":      {msgs: []ChatMessage{{Role: "system", Content: "You are helpful."}, {Role: "user", Content: "Weather in Paris?"}}, tools: tools},
+		"a call and its result": {msgs: []ChatMessage{{Role: "user", Content: "Weather in Paris?"},
+			{Role: "assistant", ToolCalls: []ChatToolCall{{ID: "call00001", Name: "get_weather", Arguments: `{"city": "Paris", "days": 2}`}}},
+			{Role: "tool", ToolCallID: "call00001", Content: `{"temperature": 18}`}}, tools: tools},
 	}
 	const bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
 	job := map[string]any{"bos": bos, "eos": eos, "templates": map[string]string{}, "cases": map[string]any{}}
@@ -99,12 +112,33 @@ func TestChatTemplatesRenderLikeHuggingFace(t *testing.T) {
 		sources[name] = string(b)
 		job["templates"].(map[string]string)[name] = string(b)
 	}
-	for name, msgs := range cases {
-		var wire []map[string]string
-		for _, m := range msgs {
-			wire = append(wire, map[string]string{"role": m.Role, "content": m.Content})
+	for name, c := range cases {
+		// The messages as Render gives them to the template: arguments
+		// that are an object as a mapping, keys in the order given.
+		type wireFunction struct {
+			Name      string          `json:"name"`
+			Arguments json.RawMessage `json:"arguments"`
 		}
-		job["cases"].(map[string]any)[name] = wire
+		type wireCall struct {
+			ID       string       `json:"id"`
+			Type     string       `json:"type"`
+			Function wireFunction `json:"function"`
+		}
+		type wireMessage struct {
+			Role       string     `json:"role"`
+			Content    string     `json:"content"`
+			ToolCalls  []wireCall `json:"tool_calls,omitempty"`
+			ToolCallID string     `json:"tool_call_id,omitempty"`
+		}
+		var wire []wireMessage
+		for _, m := range c.msgs {
+			msg := wireMessage{Role: m.Role, Content: m.Content, ToolCallID: m.ToolCallID}
+			for _, tc := range m.ToolCalls {
+				msg.ToolCalls = append(msg.ToolCalls, wireCall{ID: tc.ID, Type: "function", Function: wireFunction{Name: tc.Name, Arguments: json.RawMessage(tc.Arguments)}})
+			}
+			wire = append(wire, msg)
+		}
+		job["cases"].(map[string]any)[name] = map[string]any{"messages": wire, "tools": c.tools}
 	}
 	in, _ := json.Marshal(job)
 	cmd := exec.Command(python(t), "-c", referenceRenderer)
@@ -122,16 +156,25 @@ func TestChatTemplatesRenderLikeHuggingFace(t *testing.T) {
 	if err := json.Unmarshal(out, &ref); err != nil {
 		t.Fatal(err)
 	}
-	same, refused, lenient := 0, 0, 0
+	// knownDifferences are renderings that differ for a reason of the
+	// reference's, not of dpnode's rendering.
+	knownDifferences := map[string]string{
+		// "text"|safe + description: markupsafe escapes a plain string
+		// added to a safe one, so Python writes &lt; for < in the tools'
+		// descriptions; the template means the text as it is.
+		"meetkai-functionary-medium-v3.1/tools offered":         "markupsafe's Markup + str",
+		"meetkai-functionary-medium-v3.1/a call and its result": "markupsafe's Markup + str",
+	}
+	same, refused, lenient, known := 0, 0, 0, 0
 	for name, src := range sources {
 		tmpl, err := NewJinjaTemplate(src, bos, eos)
 		if err != nil {
 			t.Errorf("%s does not compile: %v", name, err)
 			continue
 		}
-		for c, msgs := range cases {
+		for c, conv := range cases {
 			want := ref[name+"/"+c]
-			got, err := tmpl.Render(msgs)
+			got, err := tmpl.Render(conv.msgs, conv.tools)
 			switch {
 			case !want.OK && err != nil:
 				refused++
@@ -139,6 +182,8 @@ func TestChatTemplatesRenderLikeHuggingFace(t *testing.T) {
 				lenient++
 			case err != nil:
 				t.Errorf("%s, %s: dpnode refuses (%v); the reference renders %q", name, c, err, want.Text)
+			case got != want.Text && knownDifferences[name+"/"+c] != "":
+				known++
 			case got != want.Text:
 				t.Errorf("%s, %s:\n dpnode %q\nreference %q", name, c, got, want.Text)
 			default:
@@ -146,7 +191,7 @@ func TestChatTemplatesRenderLikeHuggingFace(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d templates × %d conversations: %d the same, %d refused by both, %d refused by the reference only", len(sources), len(cases), same, refused, lenient)
+	t.Logf("%d templates × %d conversations: %d the same, %d refused by both, %d refused by the reference only, %d known differences", len(sources), len(cases), same, refused, lenient, known)
 	if same < len(sources)*len(cases)*9/10 {
 		t.Fatalf("only %d renderings were compared", same)
 	}

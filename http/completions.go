@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 )
@@ -80,13 +81,22 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
-	text, tokens, e := s.renderChat(req.Messages, false)
+	tools, e := s.chatTools(&req.toolParams)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	text, tokens, e := s.renderChat(req.Messages, tools.defs, false)
 	if e != nil {
 		writeError(w, e)
 		return
 	}
 	g, e := s.spec(r, true, &req.commonParams, []promptInput{{text: text, tokens: tokens}})
 	if e != nil {
+		writeError(w, e)
+		return
+	}
+	if e := s.useTools(g, tools); e != nil {
 		writeError(w, e)
 		return
 	}
@@ -104,10 +114,10 @@ func (s *Server) chatCompletions(w http.ResponseWriter, r *http.Request) {
 	s.generate(w, r, g)
 }
 
-// renderChat checks messages, renders them with the model's chat template
-// and tokenizes the text; addSpecial adds the model's start token again,
-// which the template already writes.
-func (s *Server) renderChat(messages []chatMessage, addSpecial bool) (string, []uint32, *apiError) {
+// renderChat checks messages, renders them and the tools with the model's
+// chat template and tokenizes the text; addSpecial adds the model's start
+// token again, which the template already writes.
+func (s *Server) renderChat(messages []chatMessage, tools []json.RawMessage, addSpecial bool) (string, []uint32, *apiError) {
 	switch {
 	case len(messages) == 0:
 		return "", nil, badRequest("messages must be a non-empty list", "messages")
@@ -117,6 +127,9 @@ func (s *Server) renderChat(messages []chatMessage, addSpecial bool) (string, []
 	content := 0
 	for _, m := range messages {
 		content += len(m.Content.text)
+		for _, c := range m.ToolCalls {
+			content += len(c.Function.Arguments)
+		}
 	}
 	if e := s.checkTextLength(content, "messages"); e != nil {
 		return "", nil, e
@@ -125,15 +138,21 @@ func (s *Server) renderChat(messages []chatMessage, addSpecial bool) (string, []
 		if !chatRoles[m.Role] {
 			return "", nil, badRequest(fmt.Sprintf("messages[%d].role must be one of system, developer, user, assistant or tool; got %q", i, m.Role), "messages")
 		}
+		if e := checkHistoryCalls(i, &m); e != nil {
+			return "", nil, e
+		}
 	}
 	if s.cfg.ChatTemplate == nil {
 		return "", nil, badRequest("this model has no chat template, so it cannot chat: use /v1/completions, or start dpnode with --chat-template FILE", "messages")
 	}
 	msgs := make([]ChatMessage, len(messages))
 	for i, m := range messages {
-		msgs[i] = ChatMessage{Role: m.Role, Content: m.Content.text, Name: m.Name}
+		msgs[i] = ChatMessage{Role: m.Role, Content: m.Content.text, Name: m.Name, ToolCallID: m.ToolCallID}
+		for _, c := range m.ToolCalls {
+			msgs[i].ToolCalls = append(msgs[i].ToolCalls, ChatToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
+		}
 	}
-	text, err := s.cfg.ChatTemplate.Render(msgs)
+	text, err := s.cfg.ChatTemplate.Render(msgs, tools)
 	if err != nil {
 		return "", nil, badRequest(err.Error(), "messages")
 	}

@@ -87,7 +87,8 @@ func (r fieldRule) withCheck(check func(v []byte) string) fieldRule {
 
 const (
 	whyLogprobs   = "the prompt's log-probabilities come with echo and logprobs, in OpenAI's shape only"
-	whyTools      = "tool calling is not supported by this server"
+	whyTools      = "its chat template renders no tools and its text cannot be shaped into calls"
+	whyFunctions  = "the deprecated functions API is not supported: send tools and tool_choice"
 	whyStructured = "no grammar or schema can constrain it"
 	whyOpenAIOnly = "it asks for a service of OpenAI's platform that this server does not have"
 )
@@ -142,12 +143,11 @@ var chatFieldRules = []fieldRule{
 	applied("max_completion_tokens"),
 	applied("logprobs").notSimulated(nullOrBool(false), "it computes no log-probabilities"),
 	applied("top_logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(nullOrNumber(0), "it computes no log-probabilities"),
-	refused("tools", nullOrEmpty, whyTools),
-	refused("tool_choice", nullOrString("none", "auto"), whyTools),
-	// Without tools, which are refused, it asks for nothing.
-	refused("parallel_tool_calls", func([]byte) bool { return true }, whyTools),
-	refused("functions", nullOrEmpty, whyTools),
-	refused("function_call", nullOrString("none", "auto"), whyTools),
+	applied("tools").notSimulated(nullOrEmpty, whyTools),
+	applied("tool_choice").notSimulated(nullOrString("none", "auto"), whyTools),
+	applied("parallel_tool_calls"),
+	refused("functions", nullOrEmpty, whyFunctions),
+	refused("function_call", nullOrString("none", "auto"), whyFunctions),
 	refused("audio", isNull, "this server generates text only"),
 	refused("modalities", nullOrTextModality, "this server generates text only"),
 	refused("prediction", isNull, "predicted outputs are not supported by this server"),
@@ -187,9 +187,9 @@ var messageFieldRules = []fieldRule{
 	applied("role"),
 	applied("content"),
 	applied("name"),
-	refused("tool_calls", nullOrEmpty, whyTools),
-	refused("tool_call_id", isNull, whyTools),
-	refused("function_call", isNull, whyTools),
+	applied("tool_calls").notSimulated(nullOrEmpty, whyTools),
+	applied("tool_call_id").notSimulated(nullOrString(""), whyTools),
+	refused("function_call", isNull, whyFunctions),
 	refused("refusal", nullOrEmpty, "a refusal in the history has no place in the model's chat template"),
 	refused("audio", isNull, "this server takes text only"),
 }

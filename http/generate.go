@@ -15,6 +15,7 @@ import (
 
 	"github.com/dpnode/dpnode/actors"
 	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/http/toolcall"
 )
 
 type promptInput struct {
@@ -45,8 +46,10 @@ type genSpec struct {
 	topLogprobs    int
 	promptLogprobs bool
 	// decode writes output tokens as text: without special tokens, or
-	// with them (skip_special_tokens false).
+	// with them (skip_special_tokens false, or a tool-call parser's).
 	decode func(ids []uint32) string
+	// tools, when not nil, reads tool calls from a chat's output.
+	tools *toolSpec
 }
 
 // askLogprobs asks every request of g for log-probabilities, with top more
@@ -231,6 +234,11 @@ type choice struct {
 	done       bool
 	// started and finishSent track what a stream has told the client.
 	started, finishSent bool
+	// calls reads tool calls from the text as it is released (parsed);
+	// callIDs are the ids of the calls announced so far.
+	calls   *toolcall.Parser
+	parsed  strings.Builder
+	callIDs []string
 }
 
 // addText appends decoded text and matches stop strings in the part that
@@ -343,6 +351,14 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 			sp.Seed = &seed
 		}
 		choices[i] = &choice{subID: fmt.Sprintf("%s-%d", g.id, i), prompt: pi, rank: -1}
+		if g.tools != nil {
+			p, err := toolcall.New(g.tools.format, g.tools.opts)
+			if err != nil {
+				writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()})
+				return
+			}
+			choices[i].calls = p
+		}
 		s.cfg.Backend.Submit(&actors.Submission{
 			ID: choices[i].subID, Prompt: g.prompts[pi].tokens, Sampling: sp,
 			Rank: g.rank, Stream: stream, Index: i, Arrival: arrival, CacheSalt: g.cacheSalt,
@@ -407,14 +423,16 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 				c.cached = ev.NumCachedTokens
 			}
 			text := ev.Tokens
-			if n := len(text); ev.Finish == engine.FinishedStop && n > 0 && !g.includeStop &&
-				slices.Contains(g.sampling[c.prompt].StopTokenIDs, text[n-1]) {
-				// A stop token ends the text without being part of it
+			if n := len(text); ev.Finish == engine.FinishedStop && n > 0 {
+				// The engine stops on an end-of-sequence or a stop token:
+				// it ends the text without being part of it, as in vLLM
 				// (it still counts as a completion token).
-				c.stopReason = text[n-1]
-				text = text[:n-1]
-			} else if ev.Finish == engine.FinishedStop && n > 0 && slices.Contains(g.sampling[c.prompt].StopTokenIDs, text[n-1]) {
-				c.stopReason = text[n-1]
+				if slices.Contains(g.sampling[c.prompt].StopTokenIDs, text[n-1]) {
+					c.stopReason = text[n-1]
+				}
+				if !g.includeStop {
+					text = text[:n-1]
+				}
 			}
 			reason := ev.Finish
 			if len(text) > 0 && c.addText(g.decode(text), g.stops, g.includeStop) {
@@ -467,7 +485,24 @@ func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u
 			resp.PromptTokenIDs = g.prompts[0].tokens
 		}
 		for i, c := range choices {
-			ch := chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: string(c.text)}, FinishReason: c.finish, StopReason: c.stopReason}
+			content := string(c.text)
+			ch := chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: &content}, FinishReason: c.finish, StopReason: c.stopReason}
+			if c.calls != nil {
+				c.calls.Update(content, true)
+				var calls []toolcall.Call
+				content, calls = c.calls.Result()
+				ch.Message.Content = &content
+				if len(calls) > 0 {
+					if content == "" {
+						ch.Message.Content = nil
+					}
+					for _, call := range calls {
+						ch.Message.ToolCalls = append(ch.Message.ToolCalls, toolCallOut{ID: toolcall.NewCallID(g.tools.format), Type: "function",
+							Function: functionCall{Name: call.Name, Arguments: call.Arguments}})
+					}
+					ch.FinishReason = callsFinish(c.finish)
+				}
+			}
 			if g.tokenIDs {
 				ch.TokenIDs = c.ids
 			}
@@ -508,13 +543,22 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 			continue
 		}
 		text := c.pending(g.stops)
-		if text == "" && !c.done && c.started {
+		var calls []toolCallOut
+		if c.calls != nil {
+			c.parsed.WriteString(text)
+			d := c.calls.Update(c.parsed.String(), c.done)
+			text, calls = d.Content, c.callDeltas(g.tools.format, d.Calls)
+		}
+		if text == "" && len(calls) == 0 && !c.done && c.started {
 			continue
 		}
 		var finish *string
 		var stopReason any
 		if c.done {
 			finish, stopReason = strp(c.finish), c.stopReason
+			if len(c.callIDs) > 0 {
+				finish = strp(callsFinish(c.finish))
+			}
 		}
 		var ids []uint32
 		if g.tokenIDs {
@@ -522,7 +566,10 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 			c.idsSent = len(c.ids)
 		}
 		if g.chat {
-			ch := chatChunkChoice{Index: ev.Index, Delta: chatDelta{Content: &text}, FinishReason: finish, StopReason: stopReason, TokenIDs: ids}
+			ch := chatChunkChoice{Index: ev.Index, Delta: chatDelta{Content: &text, ToolCalls: calls}, FinishReason: finish, StopReason: stopReason, TokenIDs: ids}
+			if text == "" && len(calls) > 0 {
+				ch.Delta.Content = nil
+			}
 			if g.logprobs {
 				ch.Logprobs = s.chatLogprobs(g, c)
 			}
@@ -547,6 +594,30 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 		c.started, c.finishSent = true, c.done
 	}
 	out.flush()
+}
+
+// callDeltas are the stream's news of c's tool calls: a call's first
+// delta has its id, type and name.
+func (c *choice) callDeltas(format toolcall.Format, ds []toolcall.CallDelta) []toolCallOut {
+	var out []toolCallOut
+	for _, d := range ds {
+		o := toolCallOut{Index: &d.Index, Function: functionCall{Name: d.Name, Arguments: d.Arguments}}
+		if d.Name != "" {
+			c.callIDs = append(c.callIDs, toolcall.NewCallID(format))
+			o.ID, o.Type = c.callIDs[len(c.callIDs)-1], "function"
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// callsFinish is the finish reason of a message with tool calls: a model
+// that stopped stopped to call them; one cut short says so.
+func callsFinish(finish string) string {
+	if finish == "stop" {
+		return "tool_calls"
+	}
+	return finish
 }
 
 func (s *Server) streamUsage(out *sseWriter, g *genSpec, u usage) {

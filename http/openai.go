@@ -202,6 +202,20 @@ type chatMessage struct {
 	Role    string       `json:"role"`
 	Content contentField `json:"content"`
 	Name    string       `json:"name"`
+	// ToolCalls are an assistant message's calls; ToolCallID is the call
+	// a tool message answers.
+	ToolCalls  []toolCallIn `json:"tool_calls"`
+	ToolCallID string       `json:"tool_call_id"`
+}
+
+// toolCallIn is a call in an assistant message of the history.
+type toolCallIn struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
 }
 
 type chatRequest struct {
@@ -209,6 +223,7 @@ type chatRequest struct {
 	Messages    []chatMessage `json:"messages"`
 	Logprobs    bool          `json:"logprobs"`
 	TopLogprobs *int          `json:"top_logprobs"`
+	toolParams
 }
 
 type completionRequest struct {
@@ -231,8 +246,25 @@ type promptTokensDetails struct {
 }
 
 type chatMessageOut struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role string `json:"role"`
+	// Content is null when the message is tool calls only.
+	Content   *string       `json:"content"`
+	ToolCalls []toolCallOut `json:"tool_calls,omitempty"`
+}
+
+// toolCallOut is a call the model made, whole or (streamed) in part.
+type toolCallOut struct {
+	// Index is the call's place among the message's calls: streamed
+	// deltas only.
+	Index    *int         `json:"index,omitempty"`
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type,omitempty"`
+	Function functionCall `json:"function"`
+}
+
+type functionCall struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
 }
 
 type chatChoice struct {
@@ -256,8 +288,9 @@ type chatResponse struct {
 }
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string        `json:"role,omitempty"`
+	Content   *string       `json:"content,omitempty"`
+	ToolCalls []toolCallOut `json:"tool_calls,omitempty"`
 }
 
 type chatChunkChoice struct {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/dpnode/dpnode/actors"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/http/toolcall"
 )
 
 // Backend is the node the server hands requests to.
@@ -78,8 +80,17 @@ type Config struct {
 	// text is deterministic: sampling fields the llama.cpp engine refuses
 	// are accepted, and the refusals of the others name the engine.
 	SimulatedEngine bool
-	Version         string
-	Logger          *slog.Logger
+	// ToolCallParser reads tool calls from the output in a model family's
+	// syntax (toolcall.Parsers: llama3_json, hermes, mistral), as vLLM's
+	// --tool-call-parser; "" reads none, and tool_choice required or a
+	// named function then use vLLM's own formats.
+	ToolCallParser string
+	// AutoToolChoice lets the model choose to call tools (tool_choice
+	// auto, the default with tools), as vLLM's --enable-auto-tool-choice:
+	// it needs a ToolCallParser.
+	AutoToolChoice bool
+	Version        string
+	Logger         *slog.Logger
 }
 
 // DefaultMaxBodyBytes is Config.MaxBodyBytes's default.
@@ -116,6 +127,10 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("httpapi: a metrics gatherer is required")
 	case cfg.MaxRequests < 0:
 		return nil, fmt.Errorf("httpapi: the most requests in flight must not be negative, got %d", cfg.MaxRequests)
+	case cfg.ToolCallParser != "" && !slices.Contains(toolcall.Parsers(), cfg.ToolCallParser):
+		return nil, fmt.Errorf("httpapi: unknown tool-call parser %q: it must be one of %s", cfg.ToolCallParser, strings.Join(toolcall.Parsers(), ", "))
+	case cfg.AutoToolChoice && cfg.ToolCallParser == "":
+		return nil, errors.New("httpapi: automatic tool choice needs a tool-call parser")
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes

@@ -159,21 +159,26 @@ func (s *Server) structuredGrammar(p *structuredParams) (string, *apiError) {
 	if err != nil {
 		return "", badRequest(fmt.Sprintf("%s: %v", c.param, err), c.param)
 	}
+	return gbnf, s.engineTakes(gbnf, c.param)
+}
+
+// engineTakes has the engine check gbnf, which the field param asked for.
+func (s *Server) engineTakes(gbnf, param string) *apiError {
 	checker, ok := s.cfg.Tokenizer.(engine.GrammarChecker)
 	if !ok {
-		return "", badRequest(c.param+" is not supported: this engine takes no grammars", c.param)
+		return badRequest(param+" is not supported: this engine takes no grammars", param)
 	}
 	if s.checkedGrammars.has(gbnf) {
-		return gbnf, nil
+		return nil
 	}
 	if err := checker.CheckGrammar(gbnf); err != nil {
 		if errors.Is(err, engine.ErrBadGrammar) {
-			return "", badRequest(fmt.Sprintf("%s: %v", c.param, err), c.param)
+			return badRequest(fmt.Sprintf("%s: %v", param, err), param)
 		}
-		return "", tokenizerError(err)
+		return tokenizerError(err)
 	}
 	s.checkedGrammars.add(gbnf)
-	return gbnf, nil
+	return nil
 }
 
 // grammarSet remembers grammars the engine has parsed, so that clients

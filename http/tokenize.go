@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"net/http"
 	"strings"
 )
@@ -10,10 +11,11 @@ import (
 // messages (rendered with the model's template, add_special_tokens false).
 
 type tokenizeRequest struct {
-	Model            string        `json:"model"`
-	Prompt           *string       `json:"prompt"`
-	Messages         []chatMessage `json:"messages"`
-	AddSpecialTokens *bool         `json:"add_special_tokens"`
+	Model            string            `json:"model"`
+	Prompt           *string           `json:"prompt"`
+	Messages         []chatMessage     `json:"messages"`
+	Tools            []json.RawMessage `json:"tools"`
+	AddSpecialTokens *bool             `json:"add_special_tokens"`
 }
 
 type tokenizeResponse struct {
@@ -33,7 +35,7 @@ var tokenizeFields = newFieldTable("tokenize", []fieldRule{
 	refused("continue_final_message", nullOrBool(false), "the template always ends with the start of the assistant's turn"),
 	refused("chat_template", isNull, "the model's chat template (or --chat-template) renders every chat"),
 	refused("chat_template_kwargs", nullOrEmpty, "the chat template is rendered with the messages only"),
-	refused("tools", nullOrEmpty, whyTools),
+	applied("tools").notSimulated(nullOrEmpty, whyTools),
 	refused("mm_processor_kwargs", nullOrEmpty, "this server takes text only"),
 })
 
@@ -64,8 +66,12 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	case req.Messages != nil:
-		var e *apiError
-		_, tokens, e = s.renderChat(req.Messages, req.AddSpecialTokens != nil && *req.AddSpecialTokens)
+		tools, e := s.chatTools(&toolParams{Tools: req.Tools, ToolChoice: json.RawMessage(`"none"`)})
+		if e != nil {
+			writeError(w, e)
+			return
+		}
+		_, tokens, e = s.renderChat(req.Messages, tools.defs, req.AddSpecialTokens != nil && *req.AddSpecialTokens)
 		if e != nil {
 			writeError(w, e)
 			return

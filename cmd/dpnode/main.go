@@ -227,6 +227,8 @@ calibrated simulated executor.`,
 	f.StringVar(&o.KVCacheMemory, "kv-cache-memory-bytes", "", "llamacpp: KV cache per rank, as 4GiB, 512MB or bytes (default: from --gpu-memory-utilization on GPUs, 4GiB on CPU)")
 	f.Float64Var(&o.GPUMemoryUtilization, "gpu-memory-utilization", o.GPUMemoryUtilization, "llamacpp: share of each GPU's memory a rank uses for weights and KV cache")
 	f.StringVar(&o.ChatTemplate, "chat-template", "", "llamacpp: Jinja chat template file to use instead of the model's own")
+	f.StringVar(&o.ToolCallParser, "tool-call-parser", "", "llamacpp: read tool calls from the output in the model family's syntax: llama3_json (Llama 3.x), hermes (Qwen 2.5 and 3, Hermes) or mistral")
+	f.BoolVar(&o.EnableAutoToolChoice, "enable-auto-tool-choice", false, "llamacpp: let the model choose to call tools (tool_choice auto, the default when a request has tools); needs --tool-call-parser")
 	f.StringVar(&o.GreedyInGraph, "greedy-in-graph", o.GreedyInGraph, "llamacpp: take greedy requests' argmax inside llama.cpp's graph, so that their logits stay on the device: auto (when the model runs on a GPU), on or off")
 	f.StringVar(&o.KVCacheDtype, "kv-cache-dtype", o.KVCacheDtype, "llamacpp: KV cache element type: auto (the model's: float32 for an F32 model, else float16), float16 or float32")
 	f.StringVar(&o.SimProfile, "sim-profile", o.SimProfile, "simulated GPU+model profile: a built-in name or a path to a profile .json")

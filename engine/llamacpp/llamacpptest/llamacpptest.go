@@ -98,6 +98,33 @@ func Model(t testing.TB) string {
 	return modelPath
 }
 
+var (
+	familyMu     sync.Mutex
+	familyModels = map[[2]string]string{}
+)
+
+// FamilyModel is the default test model with the tokenizer of one of
+// llama.cpp's vocabulary files (Vocab's names) and one of its chat
+// templates (Template's names): a model family's tokens and chat format
+// over random weights. Written once per test binary for each pair.
+func FamilyModel(t testing.TB, vocab, template string) string {
+	t.Helper()
+	key := [2]string{vocab, template}
+	familyMu.Lock()
+	defer familyMu.Unlock()
+	if path, ok := familyModels[key]; ok {
+		return path
+	}
+	cfg := llamacpp.DefaultTestModel()
+	cfg.Vocab, cfg.ChatTemplate = Vocab(t, vocab), Template(t, template)
+	path, err := writeModel("test-"+vocab+".gguf", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	familyModels[key] = path
+	return path
+}
+
 // BenchModel is the model of the CPU benchmarks (docs/BENCHMARKS.md): 4
 // layers 256 wide, a feed-forward of 768, 4 heads over 2 KV heads, and
 // Llama 3's 128,256-token vocabulary, whose output layer dominates a

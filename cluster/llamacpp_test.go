@@ -32,6 +32,7 @@ import (
 	"github.com/dpnode/dpnode/cluster"
 	"github.com/dpnode/dpnode/engine/llamacpp"
 	"github.com/dpnode/dpnode/engine/llamacpp/llamacpptest"
+	"github.com/dpnode/dpnode/engine/llamacpp/sampling"
 )
 
 // llamaNode is an in-process node serving the test model with the
@@ -87,6 +88,9 @@ type completion struct {
 		Text         string   `json:"text"`
 		TokenIDs     []uint32 `json:"token_ids"`
 		FinishReason string   `json:"finish_reason"`
+		Logprobs     *struct {
+			TokenLogprobs []*float64 `json:"token_logprobs"`
+		} `json:"logprobs"`
 	} `json:"choices"`
 	Usage struct {
 		PromptTokens        int `json:"prompt_tokens"`
@@ -382,6 +386,54 @@ func TestLlamaCppOutputDoesNotDependOnHowItIsServed(t *testing.T) {
 	})
 }
 
+// TestLlamaCppDrawsAreVLLMsOnLlamaCppLogits: every token a request draws
+// with temperature, top-k, top-p, min-p, the three penalties and a logit
+// bias is the one the reference (sampling.Reference, vLLM's order stated
+// densely) draws with the same per-token seed from llama.cpp's own logits
+// for the prompt and the tokens before it, from the reference program.
+func TestLlamaCppDrawsAreVLLMsOnLlamaCppLogits(t *testing.T) {
+	n := startLlamaNode(t, func(o *cluster.Options) { o.GPUs = 1 })
+	ps := prompts(4)
+	const maxTokens = 16
+	for i, c := range []struct {
+		fields map[string]any
+		p      sampling.Params
+	}{
+		{map[string]any{"temperature": 0.8, "top_k": 40}, sampling.Params{Temperature: 0.8, TopK: 40}},
+		{map[string]any{"temperature": 1.0, "top_p": 0.9, "min_p": 0.02}, sampling.Params{Temperature: 1, TopP: 0.9, MinP: 0.02}},
+		{map[string]any{"temperature": 0.7, "presence_penalty": 0.5, "frequency_penalty": 1.2, "repetition_penalty": 1.3},
+			sampling.Params{Temperature: 0.7, Presence: 0.5, Frequency: 1.2, Repetition: 1.3}},
+		{map[string]any{"temperature": 0, "repetition_penalty": 0.8, "frequency_penalty": -1, "logit_bias": map[string]float64{"1296": 3}},
+			sampling.Params{Repetition: 0.8, Frequency: -1, LogitBias: []sampling.Bias{{Token: 1296, Value: 3}}}},
+	} {
+		seed := int64(100 + i)
+		fields := maps.Clone(c.fields)
+		fields["seed"] = seed
+		prompt := ps[i]
+		got, _ := n.sample(t, prompt, maxTokens, fields)
+		if len(got) != maxTokens {
+			t.Fatalf("case %d: %d tokens", i, len(got))
+		}
+		rows := llamacpptest.Logits(t, llamacpptest.Model(t), "f32", prompt, got)
+		var prompt32, got32 []int32
+		for _, id := range prompt {
+			prompt32 = append(prompt32, int32(id))
+		}
+		for _, id := range got {
+			got32 = append(got32, int32(id))
+		}
+		s := sampling.NewSampler(len(rows[0]))
+		for j, row := range rows {
+			ref := sampling.Reference(row, c.p, prompt32, got32[:j])
+			want := s.Sample(ref, &sampling.Params{Temperature: c.p.Temperature, TopK: c.p.TopK, TopP: c.p.TopP,
+				Seed: llamacpp.SampleSeed(uint64(seed), j)})
+			if uint32(want) != got[j] {
+				t.Fatalf("case %d (%v), token %d: drew %d, the reference %d from llama.cpp's logits (output %v)", i, c.fields, j, got[j], want, got)
+			}
+		}
+	}
+}
+
 // TestLlamaCppPenaltiesFollowTheRequest: penalties, min_p and a logit
 // bias take effect, and a request drawn with them is the same alone, in a
 // batch, and when its worker is killed halfway and it moves to the other
@@ -426,9 +478,11 @@ func TestLlamaCppPenaltiesFollowTheRequest(t *testing.T) {
 	}
 }
 
-// streamed is one stream's token ids, or why it failed.
+// streamed is one stream's token ids, and their log-probabilities when
+// asked (with echo, the prompt's first), or why it failed.
 type streamed struct {
 	ids []uint32
+	lps []*float64
 	err error
 }
 
@@ -443,8 +497,7 @@ func (n *llamaNode) streamAcrossAKill(t *testing.T, count int, req func(i int) (
 	for i := range results {
 		wg.Go(func() {
 			prompt, maxTokens, fields := req(i)
-			ids, err := n.streamIDs(prompt, maxTokens, fields, after, started)
-			results[i] = streamed{ids, err}
+			results[i] = n.streamIDs(prompt, maxTokens, fields, after, started)
 		})
 	}
 	for range results {
@@ -462,18 +515,20 @@ func (n *llamaNode) streamAcrossAKill(t *testing.T, count int, req func(i int) (
 }
 
 // streamIDs streams prompt's greedy continuation (or as fields say) and
-// returns its token ids; started gets a value once after tokens came.
-func (n *llamaNode) streamIDs(prompt []uint32, maxTokens int, fields map[string]any, after int, started chan<- struct{}) ([]uint32, error) {
+// returns its token ids and log-probabilities; started gets a value once
+// after tokens came.
+func (n *llamaNode) streamIDs(prompt []uint32, maxTokens int, fields map[string]any, after int, started chan<- struct{}) streamed {
 	req := map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
 		"return_token_ids": true, "stream": true}
 	maps.Copy(req, fields)
 	body, _ := json.Marshal(req)
 	resp, err := n.http.Post(n.base+"/v1/completions", "application/json", bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return streamed{err: err}
 	}
 	defer resp.Body.Close()
 	var ids []uint32
+	var lps []*float64
 	first := true
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -483,15 +538,18 @@ func (n *llamaNode) streamIDs(prompt []uint32, maxTokens int, fields map[string]
 		}
 		var c completion
 		if err := json.Unmarshal([]byte(line), &c); err != nil || len(c.Choices) == 0 {
-			return ids, fmt.Errorf("event %s", line)
+			return streamed{ids, lps, fmt.Errorf("event %s", line)}
 		}
 		ids = append(ids, c.Choices[0].TokenIDs...)
+		if c.Choices[0].Logprobs != nil {
+			lps = append(lps, c.Choices[0].Logprobs.TokenLogprobs...)
+		}
 		if first && len(ids) >= after {
 			first = false
 			started <- struct{}{}
 		}
 	}
-	return ids, sc.Err()
+	return streamed{ids, lps, sc.Err()}
 }
 
 // TestLlamaCppSharedPrefixIsComputedOnce sends a 2,000-token prompt, then
@@ -877,6 +935,88 @@ func TestLlamaCppPromptLogprobs(t *testing.T) {
 			t.Fatal(errs[i])
 		}
 		check("0, four at once", e)
+	}
+
+	// vLLM's prompt_logprobs: the same log-probabilities, with each prompt
+	// token's rank (the greedy continuation's tokens are first where they
+	// were drawn) and the 3 most likely tokens', by id.
+	type entry struct {
+		Logprob      float64 `json:"logprob"`
+		Rank         int     `json:"rank"`
+		DecodedToken string  `json:"decoded_token"`
+	}
+	var vllm struct {
+		Choices []struct {
+			PromptLogprobs []map[string]entry `json:"prompt_logprobs"`
+		} `json:"choices"`
+	}
+	n.postJSON(t, "/v1/completions", map[string]any{"prompt": whole, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 3}, &vllm)
+	echo := got[0].Choices[0].Logprobs.TokenLogprobs
+	pl := vllm.Choices[0].PromptLogprobs
+	if len(pl) != len(whole) || pl[0] != nil {
+		t.Fatalf("%d prompt_logprobs for %d prompt tokens, the first %v", len(pl), len(whole), pl[0])
+	}
+	for j := 1; j < len(whole); j++ {
+		own, ok := pl[j][strconv.FormatUint(uint64(whole[j]), 10)]
+		if !ok || math.Abs(own.Logprob-*echo[j]) > 1e-5 || own.Rank < 1 || len(pl[j]) < 3 || len(pl[j]) > 4 {
+			t.Fatalf("prompt token %d (%d): %+v, echoed %v", j, whole[j], pl[j], *echo[j])
+		}
+		for id, e := range pl[j] {
+			if id != strconv.FormatUint(uint64(whole[j]), 10) && (e.Rank < 1 || e.Rank > 3 || e.Logprob < own.Logprob && e.Rank < own.Rank) {
+				t.Fatalf("prompt token %d: alternative %s %+v beside %+v", j, id, e, own)
+			}
+		}
+		if j >= len(prompt) && own.Rank != 1 {
+			t.Fatalf("continuation token %d, drawn greedily, has rank %d", j-len(prompt), own.Rank)
+		}
+	}
+	var chat struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+		PromptLogprobs []map[string]entry `json:"prompt_logprobs"`
+	}
+	n.postJSON(t, "/v1/chat/completions", map[string]any{"messages": []map[string]string{{"role": "user", "content": "Hello"}}, "max_tokens": 1, "prompt_logprobs": 0}, &chat)
+	if len(chat.PromptLogprobs) != chat.Usage.PromptTokens || chat.PromptLogprobs[0] != nil || len(chat.PromptLogprobs[1]) != 1 {
+		t.Fatalf("chat: %d prompt_logprobs for %d prompt tokens: %v", len(chat.PromptLogprobs), chat.Usage.PromptTokens, chat.PromptLogprobs)
+	}
+}
+
+// TestLlamaCppEchoLogprobsAcrossAKill: streamed echo and logprobs come
+// through a migration whole: the prompt's log-probabilities once, then
+// each token's, llama.cpp's own on both sides of the kill.
+func TestLlamaCppEchoLogprobsAcrossAKill(t *testing.T) {
+	n := startLlamaNode(t)
+	// As many streams, as long, as TestLlamaCppOutputDoesNotDependOnHowItIsServed
+	// kills under: both ranks hold some when the worker dies after each
+	// has a token.
+	ps := prompts(8)
+	const maxTokens = 64
+	want, wantLps := llamacpptest.GreedyLogprobs(t, llamacpptest.Model(t), "f32", maxTokens, ps)
+	results := n.streamAcrossAKill(t, len(ps), func(i int) ([]uint32, int, map[string]any) {
+		return ps[i], maxTokens, map[string]any{"echo": true, "logprobs": 1}
+	}, 1)
+	for i, r := range results {
+		if r.err != nil || !slices.Equal(r.ids, want[i]) {
+			t.Fatalf("stream %d: %v\n dpnode %v\nllama.cpp %v", i, r.err, r.ids, want[i])
+		}
+		prompt := len(ps[i])
+		if len(r.lps) != prompt+maxTokens || r.lps[0] != nil {
+			t.Fatalf("stream %d: %d log-probabilities for %d prompt tokens and %d more", i, len(r.lps), prompt, maxTokens)
+		}
+		for j, x := range r.lps[1:prompt] {
+			if x == nil || *x > 0 {
+				t.Fatalf("stream %d, prompt token %d: %v", i, j+1, x)
+			}
+		}
+		for j, x := range r.lps[prompt:] {
+			if x == nil || math.Abs(*x-wantLps[i][j]) > 1e-4 {
+				t.Fatalf("stream %d, token %d: %v, llama.cpp's logits give %v", i, j, x, wantLps[i][j])
+			}
+		}
+	}
+	if moved := n.metric(t, "dpnode_requests_migrated_total"); moved == 0 {
+		t.Fatal("no stream was migrated off the killed worker's rank")
 	}
 }
 

@@ -60,10 +60,8 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		g.askLogprobs(*req.Logprobs)
 		if req.Echo {
 			// The prompt's too, as evaluation harnesses read them.
-			g.promptLogprobs = true
-			for i := range g.sampling {
-				g.sampling[i].PromptLogprobs = true
-			}
+			g.echoLogprobs = true
+			g.askPromptLogprobs(*req.Logprobs)
 		}
 	}
 	s.generate(w, r, g)

@@ -86,7 +86,6 @@ func (r fieldRule) withCheck(check func(v []byte) string) fieldRule {
 }
 
 const (
-	whyLogprobs   = "the prompt's log-probabilities come with echo and logprobs, in OpenAI's shape only"
 	whyTools      = "its chat template renders no tools and its text cannot be shaped into calls"
 	whyFunctions  = "the deprecated functions API is not supported: send tools and tool_choice"
 	whyStructured = "no grammar or schema can constrain it"
@@ -122,7 +121,7 @@ var commonFieldRules = []fieldRule{
 	// vLLM adds no spaces around special tokens with a fast tokenizer,
 	// whatever this says; nor does dpnode.
 	applied("spaces_between_special_tokens"),
-	refused("prompt_logprobs", isNull, whyLogprobs),
+	applied("prompt_logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(isNull, "it computes no log-probabilities"),
 	refused("use_beam_search", nullOrBool(false), "beam search is not supported by this server"),
 	refused("length_penalty", nullOrNumber(1), "beam search is not supported by this server"),
 	refused("bad_words", nullOrEmpty, "banned words are not supported by this server"),

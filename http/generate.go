@@ -41,10 +41,16 @@ type genSpec struct {
 	rank         int
 	cacheSalt    string
 	// logprobs: each token's log-probability and topLogprobs more;
-	// promptLogprobs: the prompt's too (echo).
+	// promptLogprobs: the engine computes the prompt's too, for echo
+	// (echoLogprobs, in OpenAI's shape) or for vLLM's prompt_logprobs
+	// (promptTop more each, -1 when not asked).
 	logprobs       bool
 	topLogprobs    int
 	promptLogprobs bool
+	echoLogprobs   bool
+	promptTop      int
+	// chatPromptSent is set once a chat's prompt_logprobs went out.
+	chatPromptSent bool
 	// decode writes output tokens as text: without special tokens, or
 	// with them (skip_special_tokens false, or a tool-call parser's).
 	decode func(ids []uint32) string
@@ -57,7 +63,16 @@ type genSpec struct {
 func (g *genSpec) askLogprobs(top int) {
 	g.logprobs, g.topLogprobs = true, top
 	for i := range g.sampling {
-		g.sampling[i].Logprobs, g.sampling[i].TopLogprobs = true, top
+		g.sampling[i].Logprobs, g.sampling[i].TopLogprobs = true, max(g.sampling[i].TopLogprobs, top)
+	}
+}
+
+// askPromptLogprobs asks every request of g for its prompt's
+// log-probabilities, with top more likely tokens each.
+func (g *genSpec) askPromptLogprobs(top int) {
+	g.promptLogprobs = true
+	for i := range g.sampling {
+		g.sampling[i].PromptLogprobs, g.sampling[i].TopLogprobs = true, max(g.sampling[i].TopLogprobs, top)
 	}
 }
 
@@ -80,7 +95,7 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 		return nil, e
 	}
 	g := &genSpec{chat: chat, created: time.Now().Unix(), model: s.cfg.Backend.Model(), prompts: prompts,
-		n: 1, stops: p.Stop, includeStop: p.IncludeStopStr, stream: p.Stream, tokenIDs: p.ReturnTokenIDs}
+		n: 1, stops: p.Stop, includeStop: p.IncludeStopStr, stream: p.Stream, tokenIDs: p.ReturnTokenIDs, promptTop: -1}
 	if chat {
 		g.id = newID("chatcmpl")
 	} else {
@@ -196,6 +211,10 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 		}
 		g.sampling = append(g.sampling, sp)
 	}
+	if p.PromptLogprobs != nil {
+		g.promptTop = *p.PromptLogprobs
+		g.askPromptLogprobs(g.promptTop)
+	}
 	return g, nil
 }
 
@@ -223,6 +242,8 @@ type choice struct {
 	// set once they went to the client.
 	promptLps  []*engine.TokenLogprobs
 	promptSent bool
+	// vllmPromptSent is set once vLLM's prompt_logprobs went out.
+	vllmPromptSent bool
 	// rank served the latest tokens; -1 before the first.
 	rank int
 	// cached counts the prompt tokens found in the prefix cache.
@@ -484,6 +505,7 @@ func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u
 		if g.tokenIDs {
 			resp.PromptTokenIDs = g.prompts[0].tokens
 		}
+		resp.PromptLogprobs = g.vllmPromptLogprobs(choices[0])
 		for i, c := range choices {
 			content := string(c.text)
 			ch := chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: &content}, FinishReason: c.finish, StopReason: c.stopReason}
@@ -520,7 +542,7 @@ func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u
 		if g.echo {
 			text = g.prompts[c.prompt].text + text
 		}
-		ch := completionChoice{Index: i, Text: text, FinishReason: strp(c.finish), StopReason: c.stopReason}
+		ch := completionChoice{Index: i, Text: text, FinishReason: strp(c.finish), StopReason: c.stopReason, PromptLogprobs: g.vllmPromptLogprobs(c)}
 		if g.tokenIDs {
 			ch.PromptTokenIDs, ch.TokenIDs = g.prompts[c.prompt].tokens, c.ids
 		}
@@ -576,12 +598,13 @@ func (s *Server) streamChunks(out *sseWriter, g *genSpec, choices []*choice, evs
 			if !c.started {
 				ch.Delta.Role = "assistant"
 			}
-			out.data(chatChunk{ID: g.id, Object: "chat.completion.chunk", Created: g.created, Model: g.model, Choices: []chatChunkChoice{ch}})
+			out.data(chatChunk{ID: g.id, Object: "chat.completion.chunk", Created: g.created, Model: g.model, Choices: []chatChunkChoice{ch},
+				PromptLogprobs: g.vllmPromptLogprobs(c)})
 		} else {
 			if !c.started && g.echo {
 				text = g.prompts[c.prompt].text + text
 			}
-			ch := completionChoice{Index: ev.Index, Text: text, FinishReason: finish, StopReason: stopReason, TokenIDs: ids}
+			ch := completionChoice{Index: ev.Index, Text: text, FinishReason: finish, StopReason: stopReason, TokenIDs: ids, PromptLogprobs: g.vllmPromptLogprobs(c)}
 			if g.logprobs {
 				ch.Logprobs = s.completionLogprobs(g, c)
 			}
@@ -700,12 +723,41 @@ func (s *Server) chatLogprobs(g *genSpec, c *choice) *chatLogprobs {
 		text := g.decode(c.ids[i : i+1])
 		e := chatTokenLogprob{Token: text, Logprob: finiteLogprob(lp.Logprob), Bytes: byteValues(text),
 			TopLogprobs: make([]chatTopLogprob, 0, len(lp.TopTokenIds))}
-		for j, id := range lp.TopTokenIds {
+		for j, id := range lp.TopTokenIds[:min(len(lp.TopTokenIds), g.topLogprobs)] {
 			t := g.decode([]uint32{id})
 			e.TopLogprobs = append(e.TopLogprobs, chatTopLogprob{Token: t, Logprob: finiteLogprob(lp.TopLogprobs[j]), Bytes: byteValues(t)})
 		}
 		out.Content = append(out.Content, e)
 		c.lpsSent = i + 1
+	}
+	return out
+}
+
+// vllmPromptLogprobs are c's prompt log-probabilities in the shape of
+// vLLM's prompt_logprobs, the first time they are there to give: for each
+// prompt token but the first (null), its own entry and the promptTop most
+// likely tokens', by token id. nil when not asked, not yet computed or
+// already given. A chat's choices share one prompt, given once.
+func (g *genSpec) vllmPromptLogprobs(c *choice) []map[string]promptLogprob {
+	sent := &c.vllmPromptSent
+	if g.chat {
+		sent = &g.chatPromptSent
+	}
+	if g.promptTop < 0 || c.promptLps == nil || *sent {
+		return nil
+	}
+	*sent = true
+	prompt := g.prompts[c.prompt].tokens
+	out := make([]map[string]promptLogprob, len(prompt))
+	for j := 1; j < len(prompt) && j-1 < len(c.promptLps); j++ {
+		lp := c.promptLps[j-1]
+		m := make(map[string]promptLogprob, g.promptTop+1)
+		for k, id := range lp.TopTokenIds[:min(len(lp.TopTokenIds), g.promptTop)] {
+			m[strconv.FormatUint(uint64(id), 10)] = promptLogprob{Logprob: finiteLogprob(lp.TopLogprobs[k]), Rank: k + 1, DecodedToken: g.decode([]uint32{id})}
+		}
+		id := prompt[j]
+		m[strconv.FormatUint(uint64(id), 10)] = promptLogprob{Logprob: finiteLogprob(lp.Logprob), Rank: int(lp.Rank), DecodedToken: g.decode([]uint32{id})}
+		out[j] = m
 	}
 	return out
 }
@@ -728,13 +780,13 @@ func (s *Server) completionLogprobs(g *genSpec, c *choice) *completionLogprobs {
 		x := finiteLogprob(lp.Logprob)
 		out.TokenLogprobs = append(out.TokenLogprobs, &x)
 		top := make(map[string]float32, len(lp.TopTokenIds)+1)
-		for j, t := range lp.TopTokenIds {
+		for j, t := range lp.TopTokenIds[:min(len(lp.TopTokenIds), g.topLogprobs)] {
 			top[g.decode([]uint32{t})] = finiteLogprob(lp.TopLogprobs[j])
 		}
 		top[text] = x
 		out.TopLogprobs = append(out.TopLogprobs, top)
 	}
-	if g.promptLogprobs && !c.promptSent && c.promptLps != nil {
+	if g.echoLogprobs && !c.promptSent && c.promptLps != nil {
 		// Echoed, the prompt's tokens come first: each one's given the
 		// tokens before it, none for the first.
 		c.promptSent = true

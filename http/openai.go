@@ -195,6 +195,9 @@ type commonParams struct {
 	// ReturnTokenIDs adds the prompt's and the completion's token ids to
 	// the response, as vLLM's return_token_ids does.
 	ReturnTokenIDs bool `json:"return_token_ids"`
+	// PromptLogprobs asks for vLLM's prompt_logprobs: each prompt token's
+	// log-probability and rank, and this many more likely tokens'.
+	PromptLogprobs *int `json:"prompt_logprobs"`
 	structuredParams
 }
 
@@ -285,6 +288,16 @@ type chatResponse struct {
 	Choices        []chatChoice `json:"choices"`
 	Usage          usage        `json:"usage"`
 	PromptTokenIDs []uint32     `json:"prompt_token_ids,omitempty"`
+	// PromptLogprobs are vLLM's, when asked.
+	PromptLogprobs []map[string]promptLogprob `json:"prompt_logprobs,omitempty"`
+}
+
+// promptLogprob is one entry of vLLM's prompt_logprobs: a token's
+// log-probability at a prompt position, its rank there, and its text.
+type promptLogprob struct {
+	Logprob      float32 `json:"logprob"`
+	Rank         int     `json:"rank"`
+	DecodedToken string  `json:"decoded_token"`
 }
 
 type chatDelta struct {
@@ -303,12 +316,13 @@ type chatChunkChoice struct {
 }
 
 type chatChunk struct {
-	ID      string            `json:"id"`
-	Object  string            `json:"object"`
-	Created int64             `json:"created"`
-	Model   string            `json:"model"`
-	Choices []chatChunkChoice `json:"choices"`
-	Usage   *usage            `json:"usage,omitempty"`
+	ID             string                     `json:"id"`
+	Object         string                     `json:"object"`
+	Created        int64                      `json:"created"`
+	Model          string                     `json:"model"`
+	Choices        []chatChunkChoice          `json:"choices"`
+	Usage          *usage                     `json:"usage,omitempty"`
+	PromptLogprobs []map[string]promptLogprob `json:"prompt_logprobs,omitempty"`
 }
 
 type completionChoice struct {
@@ -319,6 +333,8 @@ type completionChoice struct {
 	StopReason     any                 `json:"stop_reason"`
 	PromptTokenIDs []uint32            `json:"prompt_token_ids,omitempty"`
 	TokenIDs       []uint32            `json:"token_ids,omitempty"`
+	// PromptLogprobs are vLLM's, when asked.
+	PromptLogprobs []map[string]promptLogprob `json:"prompt_logprobs,omitempty"`
 }
 
 type completionResponse struct {

@@ -10,8 +10,10 @@ package llamacpptest
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -280,6 +282,50 @@ func greedy(t testing.TB, model, kvType string, maxTokens int, prompts [][]uint3
 		}
 	}
 	return res, lps
+}
+
+// Logits returns llama.cpp's own logits for each token of continuation:
+// row j predicts continuation[j], after prompt and continuation[:j], from
+// one sequence fed the prompt whole and then one token at a time, with a
+// KV cache of kvType ("f16" or "f32"). A row is the model's vocabulary
+// long.
+func Logits(t testing.TB, model, kvType string, prompt, continuation []uint32) [][]float32 {
+	t.Helper()
+	bin, libs := reference(t), BackendDir(t)
+	file := filepath.Join(t.TempDir(), "logits")
+	var in bytes.Buffer
+	for _, id := range prompt {
+		fmt.Fprintf(&in, "%d ", id)
+	}
+	in.WriteString("|")
+	for _, id := range continuation {
+		fmt.Fprintf(&in, " %d", id)
+	}
+	in.WriteByte('\n')
+	cmd := exec.Command(bin, model, libs, kvType, "0", "logits", file)
+	cmd.Stdin = &in
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the reference decoder failed: %v\n%s", err, stderr.String())
+	}
+	var rows, vocab int
+	if _, err := fmt.Sscanf(string(out), "%d %d", &rows, &vocab); err != nil || rows != len(continuation) {
+		t.Fatalf("the reference printed %q for %d tokens", out, len(continuation))
+	}
+	raw, err := os.ReadFile(file)
+	if err != nil || len(raw) != rows*vocab*4 {
+		t.Fatalf("the reference wrote %d bytes of logits for %d rows of %d (%v)", len(raw), rows, vocab, err)
+	}
+	rowsOut := make([][]float32, rows)
+	for j := range rowsOut {
+		rowsOut[j] = make([]float32, vocab)
+		for v := range vocab {
+			rowsOut[j][v] = math.Float32frombits(binary.NativeEndian.Uint32(raw[(j*vocab+v)*4:]))
+		}
+	}
+	return rowsOut
 }
 
 // Tokenizer starts model's tokenizer (a vocabulary worker), closed when

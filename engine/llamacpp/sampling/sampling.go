@@ -260,6 +260,18 @@ func (s *Sampler) Logprobs(logits []float32, top []Logprob) (lse float32, n int)
 	return lse, n
 }
 
+// Rank is token's place among logits by value, from 1 for the largest: 1
+// more than the tokens whose logits are larger.
+func Rank(logits []float32, token int32) int {
+	x, above := logits[token], 0
+	for _, v := range logits {
+		if v > x {
+			above++
+		}
+	}
+	return above + 1
+}
+
 // Logprob is a token's log-probability.
 type Logprob struct {
 	Token   int32

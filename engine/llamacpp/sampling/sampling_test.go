@@ -39,7 +39,7 @@ func probabilities(logits []float32, p Params, slack float64) []float64 {
 		l[b] = float32(math.Inf(-1))
 	}
 	if p.MinP > 0 {
-		l = reference(l, Params{Temperature: p.Temperature, MinP: p.MinP}, nil, nil)
+		l = Reference(l, Params{Temperature: p.Temperature, MinP: p.MinP}, nil, nil)
 	}
 	order := ranked(l)
 	order = slices.DeleteFunc(order, func(i int) bool { return math.IsInf(float64(l[i]), -1) })
@@ -230,50 +230,6 @@ func BenchmarkSample(b *testing.B) {
 	}
 }
 
-// reference applies logit bias, penalties and min-p as vLLM V1 states
-// them, densely and in float64 where it can: each token's count found by
-// scanning the output, the min-p cut on probabilities.
-func reference(logits []float32, p Params, prompt, output []int32) []float32 {
-	l := slices.Clone(logits)
-	for _, b := range p.Banned {
-		l[b] = float32(math.Inf(-1))
-	}
-	for _, b := range p.LogitBias {
-		l[b.Token] += b.Value
-	}
-	for t := range l {
-		count := 0
-		for _, o := range output {
-			if int(o) == t {
-				count++
-			}
-		}
-		if p.Repetition > 0 && p.Repetition != 1 && (count > 0 || slices.Contains(prompt, int32(t))) {
-			if l[t] > 0 {
-				l[t] /= p.Repetition
-			} else {
-				l[t] *= p.Repetition
-			}
-		}
-		if count > 0 {
-			l[t] -= p.Frequency*float32(count) + p.Presence
-		}
-	}
-	if p.MinP > 0 && p.Temperature > 0 {
-		top := math.Inf(-1)
-		for _, x := range l {
-			top = math.Max(top, float64(x))
-		}
-		for t, x := range l {
-			// p(t) / p(top) < min_p
-			if math.Exp((float64(x)-top)/float64(p.Temperature)) < float64(p.MinP) {
-				l[t] = float32(math.Inf(-1))
-			}
-		}
-	}
-	return l
-}
-
 // TestPenaltiesBiasAndMinPAreVLLMs: on random rows and histories, the
 // token drawn with logit bias, penalties and min-p is the one the same
 // seed draws from the reference's logits with none of them. Logits within
@@ -314,7 +270,7 @@ func TestPenaltiesBiasAndMinPAreVLLMs(t *testing.T) {
 		if p.MinP > 0 && p.Temperature > 0 {
 			off := Params{Temperature: p.Temperature, MinP: 0, Banned: p.Banned, LogitBias: p.LogitBias,
 				Presence: p.Presence, Frequency: p.Frequency, Repetition: p.Repetition}
-			pre := reference(logits, off, prompt, output)
+			pre := Reference(logits, off, prompt, output)
 			top := math.Inf(-1)
 			for _, x := range pre {
 				top = math.Max(top, float64(x))
@@ -326,7 +282,7 @@ func TestPenaltiesBiasAndMinPAreVLLMs(t *testing.T) {
 				}
 			}
 		}
-		want := draw(reference(logits, p, prompt, output), Params{Temperature: p.Temperature, TopK: p.TopK, Seed: p.Seed})
+		want := draw(Reference(logits, p, prompt, output), Params{Temperature: p.Temperature, TopK: p.TopK, Seed: p.Seed})
 		p.History = NewHistory(u32(prompt), u32(output))
 		if got := draw(logits, p); got != want {
 			t.Fatalf("drew %d, the reference %d", got, want)
@@ -410,6 +366,16 @@ func BenchmarkLogprobs(b *testing.B) {
 	}
 }
 
+// BenchmarkRank is a prompt token's rank in a row of Llama 3's vocabulary,
+// which prompt_logprobs adds to each prompt row's log-probabilities.
+func BenchmarkRank(b *testing.B) {
+	const n = 128256
+	logits := benchRow(rand.New(rand.NewPCG(1, 2)), n)
+	for i := 0; b.Loop(); i++ {
+		Rank(logits, int32(i%n))
+	}
+}
+
 // benchRow is a row of n logits, normal with a deviation of 3.
 func benchRow(rng *rand.Rand, n int) []float32 {
 	logits := make([]float32, n)
@@ -478,4 +444,25 @@ func TestConstrainedDrawsFollowTheMaskedDistribution(t *testing.T) {
 	if got := draw(logits, Params{Temperature: 1, Constraint: c, Banned: []int32{1, 3, 6, 9, 12}}); got != 12 {
 		t.Errorf("with every allowed token banned, drew %d, want the end token 12", got)
 	}
+}
+
+// TestRankIsThePlaceBySortedLogit: a token's rank is its place in the
+// logits sorted from the largest, counting from 1, ties sharing the
+// best place; the top token's rank is 1.
+func TestRankIsThePlaceBySortedLogit(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		n := rapid.IntRange(1, 300).Draw(t, "n")
+		// Few distinct values, so that ties happen.
+		logits := rapid.SliceOfN(rapid.SampledFrom([]float32{-3, -1, 0, 0.5, 2, float32(math.Inf(-1))}), n, n).Draw(t, "logits")
+		token := rapid.Int32Range(0, int32(n-1)).Draw(t, "token")
+		sorted := slices.Clone(logits)
+		slices.SortFunc(sorted, func(a, b float32) int { return cmp.Compare(b, a) })
+		want := slices.Index(sorted, logits[token]) + 1
+		if got := Rank(logits, token); got != want {
+			t.Fatalf("rank %d, want %d: token %d of %v", got, want, token, logits)
+		}
+		if Rank(logits, int32(slices.Index(logits, sorted[0]))) != 1 {
+			t.Fatal("the largest logit's token is not first")
+		}
+	})
 }

@@ -10,6 +10,12 @@
 // included: the caller stops where its request would. With "logprobs",
 // each id is followed by ":" and its log-probability, the log-softmax of
 // the logits computed in double.
+//
+// usage: greedy MODEL BACKEND_DIR KV_TYPE 0 logits FILE < lines
+// Each line is a prompt, "|", and a continuation; for each token of the
+// continuation, the logits that predict it (after the prompt and the
+// continuation's tokens before it) are appended to FILE, n_vocab floats in
+// the machine's order, and stdout gets the number of rows and n_vocab.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,11 +29,15 @@ static void quiet(enum ggml_log_level level, const char * text, void * user) {
 }
 
 int main(int argc, char ** argv) {
-    if (argc != 5 && !(argc == 6 && strcmp(argv[5], "logprobs") == 0)) {
-        fprintf(stderr, "usage: %s MODEL BACKEND_DIR f16|f32 MAX_TOKENS [logprobs] < prompts\n", argv[0]);
+    int forced = argc == 7 && strcmp(argv[5], "logits") == 0;
+    if (argc != 5 && !(argc == 6 && strcmp(argv[5], "logprobs") == 0) && !forced) {
+        fprintf(stderr, "usage: %s MODEL BACKEND_DIR f16|f32 MAX_TOKENS [logprobs] < prompts\n"
+                        "       %s MODEL BACKEND_DIR f16|f32 0 logits FILE < prompt|continuation lines\n", argv[0], argv[0]);
         return 2;
     }
     int logprobs = argc == 6;
+    FILE * rows = NULL;
+    if (forced && !(rows = fopen(argv[6], "wb"))) { fprintf(stderr, "cannot write %s\n", argv[6]); return 1; }
     int f32 = strcmp(argv[3], "f32") == 0;
     int max_tokens = atoi(argv[4]);
     llama_log_set(quiet, NULL);
@@ -55,7 +65,11 @@ int main(int argc, char ** argv) {
     while (fgets(line, sizeof line, stdin)) {
         llama_memory_clear(llama_get_memory(ctx), 1);
         int n = 0;
+        static int cont[8192];
+        int n_cont = -1;
         for (char * tok = strtok(line, " \n"); tok; tok = strtok(NULL, " \n")) {
+            if (forced && strcmp(tok, "|") == 0) { n_cont = 0; continue; }
+            if (n_cont >= 0) { if (n_cont < 8192) cont[n_cont++] = atoi(tok); continue; }
             batch.token[n] = atoi(tok);
             batch.pos[n] = n;
             batch.n_seq_id[n] = 1;
@@ -67,6 +81,21 @@ int main(int argc, char ** argv) {
         batch.logits[n - 1] = 1;
         batch.n_tokens = n;
         int pos = n;
+        if (forced) {
+            for (int t = 0; t < n_cont; t++) {
+                if (llama_decode(ctx, batch) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
+                fwrite(llama_get_logits_ith(ctx, batch.n_tokens - 1), sizeof(float), n_vocab, rows);
+                batch.token[0] = cont[t];
+                batch.pos[0] = pos++;
+                batch.n_seq_id[0] = 1;
+                batch.seq_id[0][0] = 0;
+                batch.logits[0] = 1;
+                batch.n_tokens = 1;
+            }
+            printf("%d %d\n", n_cont < 0 ? 0 : n_cont, n_vocab);
+            fflush(stdout);
+            continue;
+        }
         for (int t = 0; t < max_tokens; t++) {
             if (llama_decode(ctx, batch) != 0) { fprintf(stderr, "decode failed\n"); return 1; }
             const float * logits = llama_get_logits_ith(ctx, batch.n_tokens - 1);
@@ -88,6 +117,7 @@ int main(int argc, char ** argv) {
         putchar('\n');
         fflush(stdout);
     }
+    if (rows && fclose(rows) != 0) { fprintf(stderr, "cannot write %s\n", argv[6]); return 1; }
     llama_batch_free(batch);
     llama_free(ctx);
     llama_model_free(model);

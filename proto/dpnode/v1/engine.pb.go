@@ -282,10 +282,14 @@ func (x *SamplingParams) GetGrammar() string {
 // TokenLogprobs is a drawn token's log-probability under the model's raw
 // logits, and the most likely tokens' with theirs, most likely first.
 type TokenLogprobs struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Logprob       float32                `protobuf:"fixed32,1,opt,name=logprob,proto3" json:"logprob,omitempty"`
-	TopTokenIds   []uint32               `protobuf:"varint,2,rep,packed,name=top_token_ids,json=topTokenIds,proto3" json:"top_token_ids,omitempty"`
-	TopLogprobs   []float32              `protobuf:"fixed32,3,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Logprob     float32                `protobuf:"fixed32,1,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	TopTokenIds []uint32               `protobuf:"varint,2,rep,packed,name=top_token_ids,json=topTokenIds,proto3" json:"top_token_ids,omitempty"`
+	TopLogprobs []float32              `protobuf:"fixed32,3,rep,packed,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// rank is the token's place among the vocabulary by logit, from 1 for
+	// the most likely (1 more than the tokens with larger logits): set for a
+	// prompt's tokens, which vLLM's prompt_logprobs report it for.
+	Rank          uint32 `protobuf:"varint,4,opt,name=rank,proto3" json:"rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -339,6 +343,13 @@ func (x *TokenLogprobs) GetTopLogprobs() []float32 {
 		return x.TopLogprobs
 	}
 	return nil
+}
+
+func (x *TokenLogprobs) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
 }
 
 // AddRequest hands a request to one engine.
@@ -1036,11 +1047,12 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x02R\x05value:\x028\x01B\a\n" +
-	"\x05_seed\"p\n" +
+	"\x05_seed\"\x84\x01\n" +
 	"\rTokenLogprobs\x12\x18\n" +
 	"\alogprob\x18\x01 \x01(\x02R\alogprob\x12\"\n" +
 	"\rtop_token_ids\x18\x02 \x03(\rR\vtopTokenIds\x12!\n" +
-	"\ftop_logprobs\x18\x03 \x03(\x02R\vtopLogprobs\"\x82\x03\n" +
+	"\ftop_logprobs\x18\x03 \x03(\x02R\vtopLogprobs\x12\x12\n" +
+	"\x04rank\x18\x04 \x01(\rR\x04rank\"\x82\x03\n" +
 	"\n" +
 	"AddRequest\x12\x1d\n" +
 	"\n" +

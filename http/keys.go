@@ -96,11 +96,12 @@ func (k *Keys) reload(now time.Time) error {
 	return nil
 }
 
-// Allow reports whether an Authorization header carries one of the keys.
+// Allow reports whether an Authorization header carries one of the keys,
+// as a bearer token (the scheme's name in any case, as RFC 9110 has it).
 // Keys are compared by their SHA-256, in constant time, each of them.
 func (k *Keys) Allow(authorization string) bool {
-	token, ok := strings.CutPrefix(authorization, "Bearer ")
-	if !ok || token == "" {
+	scheme, token, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
 		return false
 	}
 	sum := sha256.Sum256([]byte(token))

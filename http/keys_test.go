@@ -36,8 +36,12 @@ func TestKeysRotateThroughTheFile(t *testing.T) {
 		}
 	}
 	expect(map[string]bool{"flag-a": true, "flag-b": true, "old": true, "new": false, "# clients": false, "": false})
-	if k.Allow("flag-a") || k.Allow("Basic flag-a") {
+	if k.Allow("flag-a") || k.Allow("Basic flag-a") || k.Allow("Bearerflag-a") || k.Allow("Bearer ") {
 		t.Error("a key not sent as a bearer token was accepted")
+	}
+	// The scheme's name is case-insensitive.
+	if !k.Allow("bearer flag-a") || !k.Allow("BEARER flag-b") {
+		t.Error("a bearer token with the scheme in another case was refused")
 	}
 
 	// Rotation: the new key joins, then the old one goes.

@@ -24,6 +24,8 @@ const (
 	maxStopTokenIDs = engine.MaxStopTokenIDs
 	// maxMessages bounds a conversation, as OpenAI does.
 	maxMessages = 2048
+	// maxContentParts bounds the content parts of one message.
+	maxContentParts = 4096
 	// maxLogitBias bounds logit_bias's entries.
 	maxLogitBias = 1024
 	// maxCacheSaltBytes bounds cache_salt.

@@ -1,8 +1,10 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -50,5 +52,33 @@ func TestTextTooLongForTheContextIsNotTokenized(t *testing.T) {
 	}
 	if n := tok.encodes.Load(); n != 0 {
 		t.Fatalf("the tokenizer ran %d times on texts that cannot fit", n)
+	}
+}
+
+// TestContentPartsTakeLinearWork: a message of many text parts is joined
+// with memory linear in its text (once quadratic: each part copied the
+// text so far), and a message of more parts than the cap is refused.
+func TestContentPartsTakeLinearWork(t *testing.T) {
+	part := `{"type":"text","text":"` + strings.Repeat("x", 100) + `"},`
+	body := []byte("[" + strings.Repeat(part, maxContentParts-1) + part[:len(part)-1] + "]")
+	var c contentField
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if err := json.Unmarshal(body, &c); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if len(c.text) != 100*maxContentParts {
+		t.Fatalf("joined %d bytes, want %d", len(c.text), 100*maxContentParts)
+	}
+	// Decoding copies the body a few times; joining the quadratic way
+	// copies the text so far once a part, 1,600 times the body here. The
+	// margin leaves room for whatever else the process allocates meanwhile.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64*uint64(len(body)) {
+		t.Fatalf("decoding %d bytes of content allocated %d bytes", len(body), alloc)
+	}
+	tooMany := []byte("[" + strings.Repeat(part, maxContentParts) + part[:len(part)-1] + "]")
+	if err := json.Unmarshal(tooMany, &c); err == nil || !strings.Contains(err.Error(), "at most 4096") {
+		t.Fatalf("%d parts: %v", maxContentParts+1, err)
 	}
 }

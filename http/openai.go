@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
+	"strings"
 )
 
 // promptField is a completion prompt: a string, a list of strings, a list
@@ -149,12 +151,23 @@ func (c *contentField) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &parts); err != nil {
 		return errors.New("message content must be a string or a list of content parts")
 	}
+	if len(parts) > maxContentParts {
+		return fmt.Errorf("message content has %d parts; at most %d are allowed", len(parts), maxContentParts)
+	}
+	// Joined once, in time linear in the text, however many parts.
+	size := 0
 	for _, p := range parts {
 		if p.Type != "text" {
 			return errors.New("only text content parts are supported; got a part of type " + p.Type)
 		}
-		c.text += p.Text
+		size += len(p.Text)
 	}
+	var sb strings.Builder
+	sb.Grow(size)
+	for _, p := range parts {
+		sb.WriteString(p.Text)
+	}
+	c.text = sb.String()
 	return nil
 }
 

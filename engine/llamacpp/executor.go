@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -250,7 +251,9 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 // in vLLM.
 func (e *Executor) sampleParams(r *engine.ScheduledRequest) *dpnodev1.SampleParams {
 	sp := r.Sampling
-	p := &dpnodev1.SampleParams{Temperature: sp.Temperature, TopP: sp.TopP, TopK: int32(sp.TopK)}
+	// A top_k past int32 keeps every token, as it asks, rather than
+	// wrapping around to a small one.
+	p := &dpnodev1.SampleParams{Temperature: sp.Temperature, TopP: sp.TopP, TopK: int32(min(sp.TopK, math.MaxInt32))}
 	var base uint64
 	if sp.Seed != nil {
 		base = uint64(*sp.Seed)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -142,6 +143,12 @@ func TestExecutorSpeaksToItsWorker(t *testing.T) {
 	}
 	if q := e.sampleParams(&b.Requests[2]); q.BannedTokenIds != nil || q.Seed != SampleSeed(7, 3) {
 		t.Fatalf("sampling of c: %+v", q)
+	}
+	// A top_k past int32 keeps every token; it does not wrap to 1.
+	huge := b.Requests[2]
+	huge.Sampling = &engine.SamplingParams{TopK: 1<<32 + 1}
+	if q := e.sampleParams(&huge); q.TopK != math.MaxInt32 {
+		t.Fatalf("top_k %d went to the worker as %d", huge.Sampling.TopK, q.TopK)
 	}
 }
 

@@ -99,6 +99,12 @@ func (c *CoordinatorActor) Receive(ctx actor.Context) {
 		if st == nil {
 			return // a peer's report without stats: nothing to record
 		}
+		if !c.knows(int(st.Rank)) {
+			// Stats of a rank the roster does not give out, a forged or a
+			// stale report: kept, they would grow the snapshot without bound.
+			c.cfg.Logger.Debug("ignored stats of a rank the roster does not give out", "rank", st.Rank)
+			return
+		}
 		c.loads[st.Rank] = &dpnodev1.RankLoad{
 			Rank:             st.Rank,
 			NumWaiting:       st.NumWaiting,
@@ -115,6 +121,12 @@ func (c *CoordinatorActor) Receive(ctx actor.Context) {
 		}
 	case *rosterUpdate:
 		c.roster = msg.roster
+		for r := range c.loads {
+			if !c.knows(int(r)) {
+				delete(c.loads, r)
+				c.pub.Changed()
+			}
+		}
 	case *dropRanks:
 		if c.waves != nil {
 			if g := c.waves.Drop(msg.ranks); g != nil {
@@ -184,6 +196,15 @@ func (c *CoordinatorActor) admits(rank int) bool {
 	}
 	_, ok := c.roster.Holder(rank)
 	return ok
+}
+
+// knows reports whether rank is one of the deployment's: below a fixed
+// deployment's size, or given out by an elastic roster, joining or not.
+func (c *CoordinatorActor) knows(rank int) bool {
+	if !c.roster.Elastic() {
+		return c.roster.Has(rank)
+	}
+	return c.admits(rank)
 }
 
 func (c *CoordinatorActor) startWave(ctx actor.Context, sw *dp.StartWave, trigger int64) {

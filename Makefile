@@ -157,7 +157,7 @@ LLAMACPP_TEST_ENV = DPNODE_LLAMACPP_SRC=$(LLAMACPP_SRC) DPNODE_LLAMACPP_WORKER=$
 llamacpp-test: llamacpp
 	$(LLAMACPP_TEST_ENV) go vet -tags llamacpp ./engine/llamacpp/... ./engine/grammar/ ./cmd/dpnode-llama-worker ./http/ ./cluster/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m ./engine/llamacpp/...
-	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'ChatTemplates' ./http/
+	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'ChatTemplates|ContentAsText' ./http/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'LlamaCpp' ./engine/grammar/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m -run 'LlamaCpp' ./cluster/
 

@@ -331,8 +331,7 @@ func (r *chaosRun) injectFaults(deadline time.Time) {
 }
 
 func (r *chaosRun) debugFault(p *proc, query string) error {
-	req, _ := http.NewRequest(http.MethodPost, p.url+"/debug/fault?"+query, nil)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := adminPost(p.url + "/debug/fault?" + query)
 	if err != nil {
 		return err
 	}
@@ -419,7 +418,7 @@ func (r *chaosRun) scaleNode() fault {
 	time.Sleep(time.Duration(1+r.rng.IntN(3)) * time.Second)
 	if r.rng.IntN(2) == 0 {
 		f.name += " (POST /admin/leave)"
-		resp, err := http.Post(p.url+"/admin/leave", "", nil)
+		resp, err := adminPost(p.url + "/admin/leave")
 		if err != nil {
 			r.t.Fatalf("POST /admin/leave: %v", err)
 		}

@@ -247,7 +247,7 @@ func growAndShrink(t *testing.T, ips [4]string, extra []string) {
 		t.Logf("%s left (%s): from the leave to its exit %v", p.ip, how, exited.Round(time.Millisecond))
 	}
 	shrink(c, 6, "POST /admin/leave", func() {
-		resp, err := http.Post(c.url+"/admin/leave", "", nil)
+		resp, err := adminPost(c.url + "/admin/leave")
 		if err != nil || resp.StatusCode != http.StatusAccepted {
 			t.Fatalf("POST /admin/leave: %v %v", resp, err)
 		}

@@ -71,7 +71,7 @@ func (p *plan) newEngine(o Options, inv gpu.Inventory, topo dp.Topology) (*nodeE
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		tok, err := llamacpp.NewTokenizer(ctx, llamacpp.WorkerConfig{Binary: binary, Env: []string{llamacpp.WorkerRoleEnv + "=tokenizer"},
-			Logger: o.Logger.With("component", "tokenizer")}, p.model.Path)
+			Logger: o.Logger.With("component", "tokenizer")}, p.model.Path, llamacpp.TokenizerConfig{})
 		if err != nil {
 			return nil, fmt.Errorf("cluster: the tokenizer of %s: %w", p.model.Path, err)
 		}

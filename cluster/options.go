@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -107,6 +108,9 @@ type Options struct {
 	// EnableAutoToolChoice lets the model choose to call tools (vLLM's
 	// --enable-auto-tool-choice); it needs ToolCallParser.
 	EnableAutoToolChoice bool
+	// TokenizeContentAsText reads chat messages' content as text: a
+	// special token's text typed in it stays text (httpapi.Config.ContentAsText).
+	TokenizeContentAsText bool
 	// KVCacheDtype is the llama.cpp KV cache's element type: auto (the
 	// model's: float32 for an F32 model, else float16), float16 or
 	// float32.
@@ -154,6 +158,9 @@ type Options struct {
 	// HTTPTimeouts bound slow and idle clients; zero values take
 	// httpapi.DefaultTimeouts.
 	HTTPTimeouts httpapi.Timeouts
+	// MaxConnections bounds the HTTP connections open at once (see
+	// httpapi.ConnCap); 0 takes httpapi.DefaultMaxConnections.
+	MaxConnections int
 	// DrainTimeout bounds how long a stopping node waits for requests in
 	// flight.
 	DrainTimeout time.Duration
@@ -242,6 +249,8 @@ type plan struct {
 	template *httpapi.JinjaTemplate
 	kvBytes  uint64
 	kvDtype  string
+	// maxConnections is MaxConnections resolved.
+	maxConnections int
 }
 
 // servingProfile is what the engine serves, as other nodes compare it
@@ -293,6 +302,10 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--ep-collective-timeout must be positive, got %v", o.CollectiveTimeout)
 	case o.JoinTimeout <= 0:
 		return nil, flagError("--join-timeout must be positive, got %v", o.JoinTimeout)
+	case o.MaxConnections < 0:
+		return nil, flagError("--max-connections must not be negative, got %d", o.MaxConnections)
+	case o.HTTPTimeouts.Write < 0:
+		return nil, flagError("--client-write-timeout must not be negative, got %v", o.HTTPTimeouts.Write)
 	case o.DrainTimeout < 0:
 		return nil, flagError("--drain-timeout must not be negative, got %v", o.DrainTimeout)
 	case o.Headless && (len(o.APIKeys) > 0 || o.APIKeyFile != ""):
@@ -309,17 +322,23 @@ func (o Options) check() (*plan, error) {
 		// It travels in the gossiped metadata, which memberlist bounds.
 		return nil, flagError("--node-id must be at most %d printable ASCII characters without spaces, got %q", maxNodeID, o.NodeID)
 	}
-	if _, _, err := splitHostPort(o.Bind, 7946); err != nil {
+	bind, err := resolveBind(o.Resolver, o.Bind)
+	if err != nil {
 		return nil, flagError("--bind %q: %v", o.Bind, err)
 	}
+	// From here on, the address itself: every check below and every
+	// listener is on what the name resolved to.
+	o.Bind = bind
 	if err := o.TLS.check(); err != nil {
 		return nil, err
 	}
 	if err := o.checkClusterSecurity(); err != nil {
 		return nil, err
 	}
-	p := &plan{opts: o, flags: o.dpFlags()}
-	var err error
+	p := &plan{opts: o, flags: o.dpFlags(), maxConnections: o.MaxConnections}
+	if p.maxConnections == 0 {
+		p.maxConnections = httpapi.DefaultMaxConnections()
+	}
 	if p.apiKeys, err = httpapi.NewKeys(o.APIKeys, o.APIKeyFile); err != nil {
 		return nil, flagError("--api-key: %v", err)
 	}
@@ -570,7 +589,45 @@ func (o Options) checkClusterSecurity() error {
 func (o Options) bindsLoopback() bool {
 	host, _, _ := splitHostPort(o.Bind, 7946)
 	ip := net.ParseIP(host)
-	return host == "localhost" || (ip != nil && ip.IsLoopback())
+	return ip != nil && ip.IsLoopback()
+}
+
+// resolveBind returns bind with its host name, if any, resolved to the
+// one address the cluster ports will listen on: the first IPv4 address
+// it has, else its first. memberlist and gRPC take addresses, and a name
+// they cannot use as one would have them listen on every interface,
+// whatever the name says.
+func resolveBind(r Resolver, bind string) (string, error) {
+	host, port, err := splitHostPort(bind, 7946)
+	if err != nil {
+		return "", err
+	}
+	if host == "" || net.ParseIP(host) != nil {
+		return net.JoinHostPort(host, strconv.Itoa(port)), nil
+	}
+	if r == nil {
+		r = net.DefaultResolver
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
+	defer cancel()
+	addrs, err := r.LookupHost(ctx, host)
+	if err != nil {
+		return "", fmt.Errorf("resolving %s: %w", host, err)
+	}
+	var ips []net.IP
+	for _, a := range addrs {
+		if ip := net.ParseIP(a); ip != nil {
+			ips = append(ips, ip)
+		}
+	}
+	if len(ips) == 0 {
+		return "", fmt.Errorf("%s resolves to no address", host)
+	}
+	pick := ips[0]
+	if i := slices.IndexFunc(ips, func(ip net.IP) bool { return ip.To4() != nil }); i >= 0 {
+		pick = ips[i]
+	}
+	return net.JoinHostPort(pick.String(), strconv.Itoa(port)), nil
 }
 
 // maxNodeID bounds --node-id: a DNS name's length.

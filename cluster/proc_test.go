@@ -104,6 +104,19 @@ func (b *logBuffer) String() string {
 	return strings.Join(b.lines, "\n")
 }
 
+// testAdminKey is the admin key of every test node.
+const testAdminKey = "test-admin-key"
+
+// adminPost calls a node's admin route with the tests' admin key.
+func adminPost(url string) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodPost, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+testAdminKey)
+	return http.DefaultClient.Do(req)
+}
+
 // nodeArgs are what every test node runs with: one machine, so the local
 // gossip profile; simulated steps at a twentieth of real time, unless
 // extra sets --sim-time-scale.
@@ -138,6 +151,8 @@ func spawn(t testing.TB, ip, name string, args ...string) *proc {
 	t.Helper()
 	p := &proc{t: t, ip: ip, logs: &logBuffer{added: make(chan struct{}, 1)}, done: make(chan struct{})}
 	p.cmd = exec.Command(name, args...)
+	// Every test node opens its admin routes to the tests' key.
+	p.cmd.Env = append(os.Environ(), "DPNODE_ADMIN_API_KEY="+testAdminKey)
 	stderr, err := p.cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

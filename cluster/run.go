@@ -37,6 +37,8 @@ type Running struct {
 	server   *http.Server
 	starting *httpapi.Starting
 	ln       net.Listener
+	// conns caps the connections of server.
+	conns *httpapi.ConnCap
 	// metrics serves the --metrics-port, when set, with metricsAPI's
 	// routes.
 	metrics    *http.Server
@@ -78,6 +80,7 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	if err != nil {
 		return nil, err
 	}
+	o.Bind = p.opts.Bind // resolved
 	inv, err := gpu.Discover(gpu.Config{VirtualCount: o.GPUs, Logger: o.Logger})
 	if err != nil {
 		return nil, err
@@ -97,7 +100,14 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	if err != nil {
 		return nil, err
 	}
-	transport, err := transportConfig(bindHost, advHost, o.RPCPort, o.TLS)
+	secret, err := transportSecret(p.gossipKey, o.bindsLoopback())
+	if err != nil {
+		if len(o.Seeds) > 0 {
+			return nil, fmt.Errorf("%w; a node that joins others needs one: set --gossip-key (or $DPNODE_GOSSIP_KEY)", err)
+		}
+		o.Logger.Warn(err.Error())
+	}
+	transport, err := transportConfig(bindHost, advHost, o.RPCPort, o.TLS, secret)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +128,9 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		// hung node to a probe.
 		r.starting = &httpapi.Starting{}
 		r.server = httpapi.NewHTTPServer(r.starting, o.HTTPTimeouts)
-		go func() { r.served <- r.server.Serve(r.ln) }()
+		r.conns = httpapi.NewConnCap(p.maxConnections)
+		ln := r.conns.Apply(r.server, r.ln)
+		go func() { r.served <- r.server.Serve(ln) }()
 	}
 	closeListener := func() {
 		if r.server != nil {
@@ -191,6 +203,13 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	r.closeEngine = eng.close
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if r.conns != nil {
+		if err := r.conns.Register(reg); err != nil {
+			closeListener()
+			eng.close()
+			return nil, err
+		}
+	}
 	cfg.Devices = devices
 	cfg.Scheduler = p.scheduler
 	cfg.Registry = reg
@@ -232,7 +251,7 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		if err == nil || o.RPCPort != 0 || attempt == 5 || !errors.Is(err, syscall.EADDRINUSE) {
 			break
 		}
-		if transport, err = transportConfig(bindHost, advHost, o.RPCPort, o.TLS); err != nil {
+		if transport, err = transportConfig(bindHost, advHost, o.RPCPort, o.TLS, secret); err != nil {
 			break
 		}
 		cfg.Remote = transport
@@ -270,10 +289,12 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 			SimulatedEngine: eng.simulated,
 			ToolCallParser:  o.ToolCallParser,
 			AutoToolChoice:  o.EnableAutoToolChoice,
+			ContentAsText:   o.TokenizeContentAsText,
 			MaxModelLen:     p.scheduler.MaxModelLen,
 			APIKeys:         p.apiKeys,
 			AdminKeys:       p.adminKeys,
 			MaxRequests:     p.maxRequests(topo),
+			WriteTimeout:    o.HTTPTimeouts.Write,
 			Gatherer:        reg,
 			Registerer:      reg,
 			OnDrain:         r.RequestDrain,
@@ -306,7 +327,8 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		}
 		r.metricsAPI = m
 		r.metrics = httpapi.NewHTTPServer(m.Handler(), o.HTTPTimeouts)
-		go func() { _ = r.metrics.Serve(r.metricsLn) }()
+		ln := httpapi.NewConnCap(p.maxConnections).Apply(r.metrics, r.metricsLn)
+		go func() { _ = r.metrics.Serve(ln) }()
 		metricsURL = "http://" + r.metricsLn.Addr().String()
 	}
 	url := "none (headless)"

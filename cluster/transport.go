@@ -86,7 +86,8 @@ const dialTimeout = 2 * time.Second
 
 // transportConfig sets up the actor transport on bindHost:port, reachable
 // by other nodes at advertiseHost.
-func transportConfig(bindHost, advertiseHost string, port int, tlsFiles TLSFiles) (*remote.Config, error) {
+// With a secret, every call must carry it (secret.go).
+func transportConfig(bindHost, advertiseHost string, port int, tlsFiles TLSFiles, secret []byte) (*remote.Config, error) {
 	if port == 0 {
 		// remote advertises a fixed address, so choose the port now.
 		ln, err := net.Listen("tcp", net.JoinHostPort(bindHost, "0"))
@@ -113,10 +114,16 @@ func transportConfig(bindHost, advertiseHost string, port int, tlsFiles TLSFiles
 		creds = c
 		serverOpts = append(serverOpts, grpc.Creds(c))
 	}
+	var dialOpts []grpc.DialOption
+	guard, sendSecret := guardOptions(secret)
+	serverOpts = append(serverOpts, guard...)
+	if sendSecret != nil {
+		dialOpts = append(dialOpts, sendSecret)
+	}
 	opts := []remote.ConfigOption{
 		remote.WithAdvertisedHost(net.JoinHostPort(advertiseHost, strconv.Itoa(port))),
 		remote.WithServerOptions(serverOpts...),
-		remote.WithDialOptions(grpc.WithTransportCredentials(creds),
+		remote.WithDialOptions(append(dialOpts, grpc.WithTransportCredentials(creds),
 			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true}),
 			// The transport dials a peer up to five times before it gives
 			// the endpoint up, and a dial that returns at once leaves a
@@ -126,7 +133,12 @@ func transportConfig(bindHost, advertiseHost string, port int, tlsFiles TLSFiles
 			// what it opened when it fails, so nothing is left: at once on
 			// a refused connection (a killed process), after dialTimeout
 			// on silence.
-			grpc.WithBlock(), grpc.FailOnNonTempDialError(true), grpc.WithTimeout(dialTimeout)),
+			grpc.WithBlock(), grpc.FailOnNonTempDialError(true), grpc.WithTimeout(dialTimeout))...),
+	}
+	// remote joins host and port with a bare colon: an IPv6 host needs
+	// its brackets to be listened on.
+	if ip := net.ParseIP(bindHost); ip != nil && ip.To4() == nil {
+		bindHost = "[" + bindHost + "]"
 	}
 	return remote.Configure(bindHost, port, opts...), nil
 }

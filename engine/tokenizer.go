@@ -16,6 +16,13 @@ type Tokenizer interface {
 	Decode(ids []uint32) string
 }
 
+// TextTokenizer is a Tokenizer that can also read a text as text only:
+// the text of a special token (<|eot_id|>) in it is that text's ordinary
+// tokens, not the special token, and nothing is added around it.
+type TextTokenizer interface {
+	EncodeText(text string) ([]uint32, error)
+}
+
 // SpecialTokenizer is a Tokenizer that can also write special tokens as
 // their text, for output that keeps them (skip_special_tokens false).
 //
@@ -38,6 +45,11 @@ type GrammarChecker interface {
 
 // ErrBadGrammar is a grammar the engine refuses: the client's to fix.
 var ErrBadGrammar = errors.New("engine: the grammar is not usable")
+
+// ErrTokenizerBusy is a call a tokenizer refused because the texts waiting
+// for it already hold all it queues: the client should try again shortly,
+// as when the server is past its requests' limit.
+var ErrTokenizerBusy = errors.New("engine: the tokenizer is busy")
 
 // Vocabulary is what a Tokenizer may tell of its model's vocabulary, so
 // that a request can be checked before any work is done for it.

@@ -145,10 +145,16 @@ func (ts *testServer) metric(t *testing.T, name string, want map[string]string) 
 // effects that happen in other goroutines after a call returns.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	within(t, 10*time.Second, what, cond)
+}
+
+// within waits for cond, for at most limit.
+func within(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("not within 10s: %s", what)
+			t.Fatalf("not within %v: %s", limit, what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

@@ -2,8 +2,12 @@ package httpapi
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
+
+	"github.com/dpnode/dpnode/engine"
 )
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
@@ -158,15 +162,68 @@ func (s *Server) renderChat(messages []chatMessage, tools []json.RawMessage, add
 		return "", nil, e
 	}
 	// The template writes the model's special tokens itself.
-	tokens, err := s.cfg.Tokenizer.Encode(text, addSpecial)
-	if err != nil {
-		return "", nil, tokenizerError(err)
+	tokens, e := s.encodeChat(text, msgs, addSpecial)
+	if e != nil {
+		return "", nil, e
 	}
 	return text, tokens, nil
 }
 
-// tokenizerError is the client's error when the tokenizer failed: its
-// process is down, which a retry elsewhere or later gets around.
+// encodeChat tokenizes a rendered conversation. With ContentAsText the
+// messages' content is read as text: the text of a special token a user
+// typed (<|eot_id|><|start_header_id|>system...) stays text, and cannot
+// end the user's turn or forge another's. The template's own text around
+// it is read with its special tokens. The content is found in the
+// rendering, in order, as it is or trimmed (templates trim it).
+func (s *Server) encodeChat(text string, msgs []ChatMessage, addSpecial bool) ([]uint32, *apiError) {
+	tt, ok := s.cfg.Tokenizer.(engine.TextTokenizer)
+	if !s.cfg.ContentAsText || !ok {
+		tokens, err := s.cfg.Tokenizer.Encode(text, addSpecial)
+		if err != nil {
+			return nil, tokenizerError(err)
+		}
+		return tokens, nil
+	}
+	var tokens []uint32
+	add := func(ids []uint32, err error) error {
+		tokens = append(tokens, ids...)
+		return err
+	}
+	rest := text
+	for i, m := range msgs {
+		c := m.Content
+		at := strings.Index(rest, c)
+		if at < 0 {
+			c = strings.TrimSpace(c)
+			at = strings.Index(rest, c)
+		}
+		if c == "" {
+			continue
+		}
+		if at < 0 {
+			return nil, badRequest(fmt.Sprintf("messages[%d]: this model's chat template changes a message's text, so the server (--tokenize-content-as-text) cannot tell it from the template's", i), "messages")
+		}
+		if err := add(s.cfg.Tokenizer.Encode(rest[:at], addSpecial && len(tokens) == 0)); err != nil {
+			return nil, tokenizerError(err)
+		}
+		if err := add(tt.EncodeText(c)); err != nil {
+			return nil, tokenizerError(err)
+		}
+		rest = rest[at+len(c):]
+	}
+	if err := add(s.cfg.Tokenizer.Encode(rest, addSpecial && len(tokens) == 0)); err != nil {
+		return nil, tokenizerError(err)
+	}
+	return tokens, nil
+}
+
+// tokenizerError is the client's error when the tokenizer failed: it is
+// busy, or its process is down, which a retry elsewhere or later gets
+// around.
 func tokenizerError(err error) *apiError {
+	if errors.Is(err, engine.ErrTokenizerBusy) {
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: strp("overloaded"), RetryAfter: 1,
+			Message: "the server is overloaded: " + err.Error() + "; try again shortly"}
+	}
 	return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Message: "the tokenizer is unavailable: " + err.Error()}
 }

@@ -338,7 +338,7 @@ func FuzzSSEWriter(f *testing.F) {
 		// Every piece on its own, straight through the writer.
 		pieces := cutText(text, cuts)
 		rec := httptest.NewRecorder()
-		out := &sseWriter{w: rec}
+		out := newSSEWriter(rec, time.Second)
 		for _, p := range pieces {
 			out.data(chatChunk{ID: "chatcmpl-fuzz", Object: "chat.completion.chunk", Model: "m",
 				Choices: []chatChunkChoice{{Delta: chatDelta{Content: &p}}}})
@@ -360,7 +360,7 @@ func FuzzSSEWriter(f *testing.F) {
 			stops = []string{stop}
 		}
 		rec = httptest.NewRecorder()
-		out = &sseWriter{w: rec}
+		out = newSSEWriter(rec, time.Second)
 		c := &choice{}
 		var sent []string
 		for _, p := range pieces {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -400,7 +401,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 
 	var out *sseWriter
 	if g.stream {
-		out = &sseWriter{w: w}
+		out = newSSEWriter(w, s.cfg.WriteTimeout)
+		defer out.liftDeadline()
 	}
 	remaining := len(choices)
 	var evs []actors.Event
@@ -469,6 +471,15 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 		}
 		if out != nil {
 			s.streamChunks(out, g, choices, touched)
+			if out.err != nil {
+				// The client took nothing for the write timeout, or went
+				// away: the deferred aborts free its engines' work.
+				if errors.Is(out.err, os.ErrDeadlineExceeded) {
+					s.cfg.Logger.Warn("dropped a client that read nothing of its stream for the write timeout",
+						"id", g.id, "remote", r.RemoteAddr, "timeout", s.cfg.WriteTimeout)
+				}
+				return
+			}
 		}
 	}
 	u := g.usage(choices)
@@ -500,6 +511,9 @@ func (g *genSpec) usage(choices []*choice) usage {
 }
 
 func (s *Server) respond(w http.ResponseWriter, g *genSpec, choices []*choice, u usage) {
+	// A response of 128 choices of thousands of tokens is megabytes: a
+	// client that does not read it must not keep its handler.
+	defer s.writeDeadline(w)()
 	if g.chat {
 		resp := chatResponse{ID: g.id, Object: "chat.completion", Created: g.created, Model: g.model, Usage: u}
 		if g.tokenIDs {
@@ -655,7 +669,12 @@ func (s *Server) streamUsage(out *sseWriter, g *genSpec, u usage) {
 // event, so that an error that comes first can still be a plain HTTP
 // error with its status.
 type sseWriter struct {
-	w       http.ResponseWriter
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	// timeout bounds each flush: a client that takes nothing for that
+	// long is dropped, and err says so.
+	timeout time.Duration
+	err     error
 	buf     bytes.Buffer
 	started bool
 }
@@ -681,13 +700,32 @@ func (o *sseWriter) data(v any) {
 	o.buf.WriteString("\n")
 }
 
-func (o *sseWriter) flush() {
-	_, _ = o.w.Write(o.buf.Bytes())
-	o.buf.Reset()
-	if f, ok := o.w.(http.Flusher); ok {
-		f.Flush()
-	}
+func newSSEWriter(w http.ResponseWriter, timeout time.Duration) *sseWriter {
+	return &sseWriter{w: w, rc: http.NewResponseController(w), timeout: timeout}
 }
+
+// flush sends what is buffered within the write timeout; after the first
+// failure it sends nothing.
+func (o *sseWriter) flush() {
+	if o.err != nil {
+		o.buf.Reset()
+		return
+	}
+	if err := o.rc.SetWriteDeadline(time.Now().Add(o.timeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		o.err = err
+	}
+	if o.err == nil {
+		_, o.err = o.w.Write(o.buf.Bytes())
+	}
+	if o.err == nil {
+		o.err = o.rc.Flush()
+	}
+	o.buf.Reset()
+}
+
+// liftDeadline clears the write deadline, which net/http would otherwise
+// keep into the connection's next request.
+func (o *sseWriter) liftDeadline() { _ = o.rc.SetWriteDeadline(time.Time{}) }
 
 func (o *sseWriter) done() {
 	if !o.started {

@@ -4,15 +4,19 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/dpnode/dpnode/actors"
 	"github.com/dpnode/dpnode/cluster"
 	httpapi "github.com/dpnode/dpnode/http"
 )
@@ -303,4 +307,138 @@ func TestCacheSaltKeepsTenantsApart(t *testing.T) {
 	if status, body := ts.post(t, "/v1/completions", `{"prompt":"x","cache_salt":""}`, nil); status != 400 {
 		t.Fatalf("an empty cache_salt: %d %s", status, body)
 	}
+}
+
+// TestClientThatReadsNothingIsDropped: one socket with a small receive
+// buffer asks for every slot of the server, streamed or whole, and reads
+// nothing. Within the write timeout its request is aborted and its
+// connection closed, and other clients are served again.
+func TestClientThatReadsNothingIsDropped(t *testing.T) {
+	ts := startServer(t, 0, func(o *cluster.Options) {
+		o.GPUs, o.MaxNumSeqs, o.MaxPendingRequests = 1, 128, 0
+		o.HTTPTimeouts.Write = 3 * time.Second
+	})
+	for _, tc := range []struct{ name, body string }{
+		{"stream", `{"prompt":"x","n":128,"max_tokens":4000,"ignore_eos":true,"stream":true}`},
+		{"whole", `{"prompt":"x","n":128,"max_tokens":8000,"ignore_eos":true,"return_token_ids":true}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+				var serr error
+				err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+				return errors.Join(err, serr)
+			}}
+			hog, err := d.Dial("tcp", ts.run.Addr())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hog.Close()
+			if _, err := fmt.Fprintf(hog, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+				apiKey, len(tc.body), tc.body); err != nil {
+				t.Fatal(err)
+			}
+			// The hog holds all 128 slots until it is dropped: before the
+			// write timeout, every other call got 503 for as long as the
+			// socket stayed open. Its requests are seen at the ranks before
+			// any other call is sent, which would take a slot from it.
+			eventually(t, "the hog's 128 requests are in flight", func() bool {
+				var view actors.ClusterView
+				if ts.getJSON(t, "/v1/cluster", &view) != http.StatusOK {
+					return false
+				}
+				n := 0
+				for _, r := range view.Ranks {
+					n += r.InFlight
+				}
+				return n == 128
+			})
+			within(t, time.Minute, "another client is served", func() bool {
+				status, _ := ts.post(t, "/v1/completions", `{"prompt":"y","max_tokens":1}`, nil)
+				return status == http.StatusOK
+			})
+			// Its connection was closed without the response's end.
+			_ = hog.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got, err := io.ReadAll(hog)
+			if err != nil && !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("reading what the hog was sent: %v", err)
+			}
+			if strings.Contains(string(got), "data: [DONE]") || strings.HasSuffix(string(got), "}") {
+				t.Fatalf("the hog was sent its whole response (%d bytes): it was not dropped", len(got))
+			}
+		})
+	}
+}
+
+// TestConnectionCap: with --max-connections 8, silent connections past
+// the cap are closed to make room (a client that connects sends its
+// request at once) and /health answers; with every connection busy in a
+// request, /health and /metrics answer on the reserve, other routes get
+// 503, and no more than the cap and the reserve stay open.
+func TestConnectionCap(t *testing.T) {
+	const capped = 8
+	ts := startServer(t, 1, func(o *cluster.Options) { o.MaxConnections = capped })
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", ts.run.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// closed reports whether the server closed c: a read ends at once.
+	closed := func(c net.Conn) bool {
+		_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		_, err := c.Read(make([]byte, 1))
+		return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+	}
+	silent := make([]net.Conn, 100)
+	for i := range silent {
+		silent[i] = dial()
+	}
+	// A fresh client still gets /health.
+	fresh := &http.Client{Transport: &http.Transport{}}
+	defer fresh.CloseIdleConnections()
+	getStatus := func(c *http.Client, path string) int {
+		t.Helper()
+		resp, err := c.Get(ts.base + path)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode
+	}
+	if code := getStatus(fresh, "/health"); code != http.StatusOK {
+		t.Fatalf("/health past the cap: %d", code)
+	}
+	open := 0
+	for _, c := range silent {
+		if !closed(c) {
+			open++
+		}
+	}
+	if open > capped {
+		t.Fatalf("%d silent connections of 100 stay open; the cap is %d", open, capped)
+	}
+
+	// Every connection busy: 8 streams in progress.
+	for i := range capped {
+		c := dial()
+		body := `{"prompt":"x","max_tokens":2000,"ignore_eos":true,"stream":true}`
+		fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", apiKey, len(body), body)
+		r := bufio.NewReader(c)
+		if line, err := r.ReadString('\n'); err != nil || !strings.Contains(line, "200") {
+			t.Fatalf("stream %d: %q %v", i, line, err)
+		}
+	}
+	reserve := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	for _, path := range []string{"/health", "/metrics"} {
+		if code := getStatus(reserve, path); code != http.StatusOK {
+			t.Fatalf("%s with every connection busy: %d", path, code)
+		}
+	}
+	if status, body := ts.post(t, "/v1/completions", `{"prompt":"y","max_tokens":1}`, nil); status != http.StatusServiceUnavailable {
+		t.Fatalf("a completion with every connection busy: %d %s", status, body)
+	}
+	ts.http.CloseIdleConnections()
 }

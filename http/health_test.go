@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -60,7 +61,11 @@ func TestHealthStates(t *testing.T) {
 	}
 }
 
-func TestAdminDrainNeedsAnAdminKeyOrALocalCaller(t *testing.T) {
+// TestAdminRoutesNeedTheAdminKey: without an admin key the admin routes
+// are off, for callers on the machine too (a same-host proxy, Istio's
+// sidecar at 127.0.0.6, a browser's page); with one, its holder may call
+// them from anywhere, but not in the shapes a web page sends.
+func TestAdminRoutesNeedTheAdminKey(t *testing.T) {
 	drained := 0
 	newServer := func(apiKey, adminKey string) *Server {
 		var api, admin *Keys
@@ -71,7 +76,8 @@ func TestAdminDrainNeedsAnAdminKeyOrALocalCaller(t *testing.T) {
 			admin, _ = NewKeys([]string{adminKey}, "")
 		}
 		s, err := New(Config{Backend: viewBackend{&actors.ClusterView{}}, Tokenizer: sim.NewTokenizer(0), MaxModelLen: 100,
-			Gatherer: prometheus.NewRegistry(), APIKeys: api, AdminKeys: admin, OnDrain: func() { drained++ }})
+			Gatherer: prometheus.NewRegistry(), APIKeys: api, AdminKeys: admin, OnDrain: func() { drained++ },
+			Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,14 +85,23 @@ func TestAdminDrainNeedsAnAdminKeyOrALocalCaller(t *testing.T) {
 	}
 	cases := []struct {
 		name, apiKey, adminKey, remote, auth string
+		header                               map[string]string
 		code                                 int
 	}{
-		{"no key, remote caller", "", "", "10.1.2.3:5000", "", http.StatusForbidden},
-		{"no key, local caller", "", "", "127.0.0.1:5000", "", http.StatusAccepted},
-		{"API key only, remote caller with the API key", "k", "", "10.1.2.3:5000", "Bearer k", http.StatusForbidden},
-		{"admin key, no token", "k", "a", "127.0.0.1:5000", "", http.StatusUnauthorized},
-		{"admin key, a client's API key", "k", "a", "10.1.2.3:5000", "Bearer k", http.StatusUnauthorized},
-		{"admin key, remote caller with it", "k", "a", "10.1.2.3:5000", "Bearer a", http.StatusAccepted},
+		{"no key, remote caller", "", "", "10.1.2.3:5000", "", nil, http.StatusForbidden},
+		{"no key, local caller", "", "", "127.0.0.1:5000", "", nil, http.StatusForbidden},
+		{"no key, a sidecar proxy on loopback", "", "", "127.0.0.6:5000", "", nil, http.StatusForbidden},
+		{"no key, a page in a local browser", "", "", "127.0.0.1:5000", "", map[string]string{"Origin": "https://evil.example", "Content-Type": "text/plain"}, http.StatusForbidden},
+		{"API key only, remote caller with the API key", "k", "", "10.1.2.3:5000", "Bearer k", nil, http.StatusForbidden},
+		{"admin key, no token", "k", "a", "127.0.0.1:5000", "", nil, http.StatusUnauthorized},
+		{"admin key, a client's API key", "k", "a", "10.1.2.3:5000", "Bearer k", nil, http.StatusUnauthorized},
+		{"admin key, remote caller with it", "k", "a", "10.1.2.3:5000", "Bearer a", nil, http.StatusAccepted},
+		{"admin key, with it, from another site's page", "k", "a", "127.0.0.1:5000", "Bearer a", map[string]string{"Origin": "https://evil.example"}, http.StatusForbidden},
+		{"admin key, with it, a cross-site fetch", "k", "a", "127.0.0.1:5000", "Bearer a", map[string]string{"Sec-Fetch-Site": "cross-site"}, http.StatusForbidden},
+		{"admin key, with it, a form body", "k", "a", "127.0.0.1:5000", "Bearer a", map[string]string{"Content-Type": "application/x-www-form-urlencoded"}, http.StatusForbidden},
+		{"admin key, with it, a text body", "k", "a", "127.0.0.1:5000", "Bearer a", map[string]string{"Content-Type": "text/plain;charset=UTF-8"}, http.StatusForbidden},
+		{"admin key, with it, curl's JSON", "k", "a", "127.0.0.1:5000", "Bearer a", map[string]string{"Content-Type": "application/json"}, http.StatusAccepted},
+		{"admin key, with it, the same origin", "k", "a", "127.0.0.1:5000", "Bearer a", map[string]string{"Origin": "http://example.com"}, http.StatusAccepted},
 	}
 	for _, tc := range cases {
 		before := drained
@@ -94,6 +109,9 @@ func TestAdminDrainNeedsAnAdminKeyOrALocalCaller(t *testing.T) {
 		req.RemoteAddr = tc.remote
 		if tc.auth != "" {
 			req.Header.Set("Authorization", tc.auth)
+		}
+		for k, v := range tc.header {
+			req.Header.Set(k, v)
 		}
 		rec := httptest.NewRecorder()
 		newServer(tc.apiKey, tc.adminKey).Handler().ServeHTTP(rec, req)
@@ -106,18 +124,26 @@ func TestAdminDrainNeedsAnAdminKeyOrALocalCaller(t *testing.T) {
 		if tc.auth != "" {
 			req.Header.Set("Authorization", tc.auth)
 		}
+		for k, v := range tc.header {
+			req.Header.Set(k, v)
+		}
 		rec = httptest.NewRecorder()
 		newServer(tc.apiKey, tc.adminKey).Handler().ServeHTTP(rec, req)
 		want := tc.code
 		if want == http.StatusAccepted {
 			want = http.StatusOK
 		}
+		if strings.HasPrefix(tc.header["Content-Type"], "application/x-www") || strings.HasPrefix(tc.header["Content-Type"], "text/plain") {
+			if tc.auth == "Bearer a" {
+				want = http.StatusOK // a GET's content type says nothing: it has no body
+			}
+		}
 		if rec.Code != want || (want == http.StatusOK) != strings.Contains(rec.Body.String(), "goroutine profile") {
 			t.Errorf("%s: /debug/pprof/goroutine: %d; want %d", tc.name, rec.Code, want)
 		}
 	}
 	// While draining, new work is refused and /health says so.
-	s := newServer("", "")
+	s := newServer("", "a")
 	s.SetDraining()
 	rec := httptest.NewRecorder()
 	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"x"}`)))

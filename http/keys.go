@@ -7,10 +7,13 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Keys are the bearer tokens a route accepts: the ones given when the
@@ -31,6 +34,11 @@ type Keys struct {
 	checked  time.Time
 	mod      time.Time
 	size     int64
+	// failing is the last reload's error, "" when it succeeded: a failure
+	// is logged when it begins or changes, not every second it lasts.
+	failing  string
+	logger   *slog.Logger
+	failures prometheus.Counter
 }
 
 // keyFileCheck is how often a key file is looked at for changes, at most.
@@ -62,6 +70,48 @@ func checkKey(key string) error {
 		return errors.New("an API key must be non-empty and hold no whitespace")
 	}
 	return nil
+}
+
+// Observe logs the key file's failed reloads at error, and counts them in
+// dpnode_api_key_file_reload_failures_total on reg, which may be nil.
+func (k *Keys) Observe(logger *slog.Logger, reg prometheus.Registerer) error {
+	if k == nil || k.file == "" {
+		return nil
+	}
+	c := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "dpnode_api_key_file_reload_failures_total",
+		Help: "Reads of --api-key-file that failed (a missing file, a malformed line): the keys read before stay in force, so a key removed from the file is still accepted until it reads again.",
+	})
+	if reg != nil {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("httpapi: registering metrics: %w", err)
+		}
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.logger, k.failures = logger, c
+	return nil
+}
+
+// reloadAndReport reloads the key file and reports a failure, or the end
+// of one. k.mu is held.
+func (k *Keys) reloadAndReport(now time.Time) {
+	err := k.reload(now)
+	if k.logger == nil {
+		return
+	}
+	switch {
+	case err != nil:
+		k.failures.Inc()
+		if err.Error() != k.failing {
+			k.logger.Error("could not read the API key file again: the keys read before stay in force, a key removed from it is still accepted",
+				"file", k.file, "error", err)
+		}
+		k.failing = err.Error()
+	case k.failing != "":
+		k.failing = ""
+		k.logger.Info("read the API key file again", "file", k.file, "keys", len(k.fromFile))
+	}
 }
 
 // reload reads the key file if it changed since it was last read. A file
@@ -112,7 +162,7 @@ func (k *Keys) Allow(authorization string) bool {
 	if k.file != "" {
 		k.mu.Lock()
 		if now := time.Now(); now.Sub(k.checked) >= keyFileCheck {
-			_ = k.reload(now) // the keys read before stay on a failure
+			k.reloadAndReport(now) // the keys read before stay on a failure
 		}
 		fromFile := k.fromFile
 		k.mu.Unlock()

@@ -30,6 +30,14 @@ const (
 	maxLogitBias = 1024
 	// maxCacheSaltBytes bounds cache_salt.
 	maxCacheSaltBytes = 1024
+	// maxBodyList bounds every other list and object of a body (a JSON
+	// schema's, a tool's), maxBodyDepth their nesting, and
+	// maxBodyContainers how many there are in all: each decodes into
+	// something allocated, and limits on lengths alone do not bound how
+	// many nest.
+	maxBodyList       = 4096
+	maxBodyDepth      = 64
+	maxBodyContainers = 1 << 16
 )
 
 // limitError is the 400 of a list over its limit.

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dpnode/dpnode/actors"
+	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/sim"
 )
 
@@ -80,5 +82,34 @@ func TestContentPartsTakeLinearWork(t *testing.T) {
 	tooMany := []byte("[" + strings.Repeat(part, maxContentParts) + part[:len(part)-1] + "]")
 	if err := json.Unmarshal(tooMany, &c); err == nil || !strings.Contains(err.Error(), "at most 4096") {
 		t.Fatalf("%d parts: %v", maxContentParts+1, err)
+	}
+}
+
+// busyTokenizer refuses every call as a tokenizer past its queue does.
+type busyTokenizer struct{ *sim.Tokenizer }
+
+func (busyTokenizer) Encode(string, bool) ([]uint32, error) {
+	return nil, fmt.Errorf("%w: its queue is full", engine.ErrTokenizerBusy)
+}
+
+// TestABusyTokenizerIsOverload: a call the tokenizer has no room for is a
+// 503 to retry shortly, as past the server's request limit, not a
+// tokenizer that is down.
+func TestABusyTokenizerIsOverload(t *testing.T) {
+	s, err := New(Config{Backend: viewBackend{&actors.ClusterView{}}, Tokenizer: busyTokenizer{sim.NewTokenizer(0)}, ChatTemplate: Llama3Template{},
+		MaxModelLen: 100, Gatherer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, body := range map[string]string{
+		"/v1/completions":      `{"prompt":"x"}`,
+		"/v1/chat/completions": `{"messages":[{"role":"user","content":"x"}]}`,
+		"/tokenize":            `{"prompt":"x"}`,
+	} {
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, strings.NewReader(body)))
+		if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "1" || !strings.Contains(rec.Body.String(), `"code":"overloaded"`) {
+			t.Errorf("%s: %d %s %q; want 503 overloaded with Retry-After", path, rec.Code, rec.Body, rec.Header().Get("Retry-After"))
+		}
 	}
 }

@@ -1,18 +1,19 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
+	"mime"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/dpnode/dpnode/actors"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/http/jsonlimit"
 	"github.com/dpnode/dpnode/http/toolcall"
 )
 
@@ -53,9 +55,9 @@ type Config struct {
 	MaxModelLen int
 	// APIKeys, when not nil, are required as a bearer token on /v1 routes.
 	APIKeys *Keys
-	// AdminKeys, when not nil, are required on /admin routes; without
-	// them, those answer only to callers on this machine (loopback). The
-	// API keys never open them: a client of the API cannot drain a node.
+	// AdminKeys, when not nil, are required on the /admin routes and Go's
+	// profiles (/debug/pprof); without them those routes are off. The API
+	// keys never open them: a client of the API cannot drain a node.
 	AdminKeys *Keys
 	// MaxRequests bounds the requests (choices) in flight through this
 	// server; past it new calls get 503 with Retry-After instead of
@@ -66,6 +68,14 @@ type Config struct {
 	// MaxBodyBytes bounds a request body. 16 MiB holds a prompt of the
 	// longest context lengths served today with room to spare.
 	MaxBodyBytes int64
+	// WriteTimeout bounds each write of a response (Timeouts.Write); 0
+	// takes DefaultTimeouts'.
+	WriteTimeout time.Duration
+	// MaxBodyBytesInFlight bounds the bytes of all the request bodies
+	// being read and decoded at once; past it a call gets 503 with
+	// Retry-After, as past MaxRequests. 0 means 16 bodies of the largest
+	// size.
+	MaxBodyBytesInFlight int64
 	// Gatherer is what /metrics exposes.
 	Gatherer prometheus.Gatherer
 	// OnDrain is called by POST /admin/drain: the node drains and exits.
@@ -85,6 +95,11 @@ type Config struct {
 	// --tool-call-parser; "" reads none, and tool_choice required or a
 	// named function then use vLLM's own formats.
 	ToolCallParser string
+	// ContentAsText tokenizes the messages' content as text: the text of
+	// a special token in it stays text (chat only; the template's own
+	// special tokens are read as such). Off, as in vLLM, the whole
+	// rendered prompt is read with its special tokens, the users' included.
+	ContentAsText bool
 	// AutoToolChoice lets the model choose to call tools (tool_choice
 	// auto, the default with tools), as vLLM's --enable-auto-tool-choice:
 	// it needs a ToolCallParser.
@@ -103,8 +118,17 @@ type Server struct {
 	router   chi.Router
 	draining atomic.Bool
 	// inFlight counts the requests admitted and not yet finished.
-	inFlight      atomic.Int64
-	rejected      *prometheus.CounterVec
+	inFlight atomic.Int64
+	rejected *prometheus.CounterVec
+	// authFailed counts calls refused for their key, by the routes they
+	// called ("api" or "admin"); authLog keeps their log lines to a few a
+	// second under a flood of guesses.
+	authFailed *prometheus.CounterVec
+	authLog    logLimiter
+	// bodies holds the bytes of the request bodies being read; bodyLimits
+	// bounds each body's lists.
+	bodies        bodyBudget
+	bodyLimits    jsonlimit.Limits
 	unknownFields unknownFields
 	// checkedGrammars are grammars the engine has parsed.
 	checkedGrammars grammarSet
@@ -135,17 +159,40 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if cfg.MaxBodyBytesInFlight <= 0 {
+		cfg.MaxBodyBytesInFlight = 16 * cfg.MaxBodyBytes
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultTimeouts().Write
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, created: time.Now().Unix()}
+	s.bodies.limit = cfg.MaxBodyBytesInFlight
+	s.bodyLimits = s.limitsOfBodies()
 	s.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "dpnode_http_requests_rejected_total",
 		Help: "Calls refused before any work was done for them: overloaded (503, past --max-pending-requests) or draining (503).",
 	}, []string{"reason"})
+	s.authFailed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dpnode_http_auth_failures_total",
+		Help: "Calls refused for a missing or wrong bearer token, by the routes called: api (/v1, /tokenize) or admin (/admin, /debug).",
+	}, []string{"routes"})
+	for _, l := range []string{"overloaded", "draining"} {
+		s.rejected.WithLabelValues(l)
+	}
+	for _, l := range []string{"api", "admin"} {
+		s.authFailed.WithLabelValues(l)
+	}
 	if cfg.Registerer != nil && !cfg.MetricsOnly {
-		if err := cfg.Registerer.Register(s.rejected); err != nil {
-			return nil, fmt.Errorf("httpapi: registering metrics: %w", err)
+		for _, c := range []prometheus.Collector{s.rejected, s.authFailed} {
+			if err := cfg.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("httpapi: registering metrics: %w", err)
+			}
+		}
+		if err := cfg.APIKeys.Observe(cfg.Logger, cfg.Registerer); err != nil {
+			return nil, err
 		}
 	}
 	r := chi.NewRouter()
@@ -217,16 +264,22 @@ func (s *Server) recoverer(next http.Handler) http.Handler {
 }
 
 func (s *Server) authenticate(next http.Handler) http.Handler {
-	return requireKey(s.cfg.APIKeys, next)
+	return s.requireKey(s.cfg.APIKeys, "api", next)
 }
 
-// requireKey admits the holders of keys; nil keys admit everyone.
-func requireKey(keys *Keys, next http.Handler) http.Handler {
+// requireKey admits the holders of keys; nil keys admit everyone. A
+// refusal is counted and logged with its caller.
+func (s *Server) requireKey(keys *Keys, routes string, next http.Handler) http.Handler {
 	if keys == nil {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !keys.Allow(r.Header.Get("Authorization")) {
+			s.authFailed.WithLabelValues(routes).Inc()
+			if ok, skipped := s.authLog.allow(time.Now()); ok {
+				s.cfg.Logger.Warn("refused a call with a missing or wrong key", "routes", routes, "method", r.Method, "path", r.URL.Path,
+					"remote", r.RemoteAddr, "user_agent", r.UserAgent(), "refusals_not_logged", skipped)
+			}
 			writeError(w, &apiError{Status: http.StatusUnauthorized, Message: "invalid API key: send it as 'Authorization: Bearer <key>'",
 				Type: "authentication_error", Code: strp("invalid_api_key")})
 			return
@@ -248,22 +301,75 @@ func (s *Server) refuseWhileDraining(next http.Handler) http.Handler {
 	})
 }
 
-// adminOnly admits the admin keys' holders; with no admin key set, only
-// callers on this machine (loopback), since an admin route must never be
-// open to all, nor to every client of the API.
+// adminOnly admits the admin keys' holders, and no one when there are
+// none. Being on this machine proves nothing: a same-host proxy or
+// sidecar forwards from loopback, and so does a browser on the machine
+// for any web page it shows. An admin call made in a browser's shapes (a
+// cross-site Origin, a form or text body) is refused even with the key.
+// Every admin call is logged with its caller.
 func (s *Server) adminOnly(next http.Handler) http.Handler {
-	if s.cfg.AdminKeys != nil {
-		return requireKey(s.cfg.AdminKeys, next)
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host, _, _ := net.SplitHostPort(r.RemoteAddr)
-		if ip := net.ParseIP(host); ip == nil || !ip.IsLoopback() {
+	if s.cfg.AdminKeys == nil {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			s.authFailed.WithLabelValues("admin").Inc()
 			writeError(w, &apiError{Status: http.StatusForbidden, Type: "permission_error",
-				Message: "admin routes need --admin-api-key, or a caller on this machine"})
+				Message: "admin routes are off: start the node with --admin-api-key (or $DPNODE_ADMIN_API_KEY) to use them"})
+		})
+	}
+	return s.requireKey(s.cfg.AdminKeys, "admin", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if why := browserShape(r); why != "" {
+			s.cfg.Logger.Warn("refused an admin call made as a browser makes it", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "why", why)
+			writeError(w, &apiError{Status: http.StatusForbidden, Type: "permission_error", Message: "admin calls must not come from a web page: " + why})
 			return
 		}
+		s.cfg.Logger.Info("admin call", "method", r.Method, "path", r.URL.Path, "remote", r.RemoteAddr, "user_agent", r.UserAgent())
 		next.ServeHTTP(w, r)
-	})
+	}))
+}
+
+// browserShape says why r looks sent by a web page rather than an admin's
+// tool, or "": an Origin or Sec-Fetch-Site naming another site, or a body
+// of a kind a page may send anywhere without asking (a form, plain text).
+func browserShape(r *http.Request) string {
+	if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+		return "Sec-Fetch-Site is " + site
+	}
+	if o := r.Header.Get("Origin"); o != "" {
+		if u, err := url.Parse(o); err != nil || u.Host != r.Host {
+			return "the Origin " + o + " is another site"
+		}
+	}
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+		switch mt {
+		case "application/x-www-form-urlencoded", "multipart/form-data", "text/plain":
+			return "a " + mt + " body"
+		}
+	}
+	return ""
+}
+
+// logLimiter lets through at most one log line a second, and counts the
+// lines held back.
+//
+// Concurrency: safe for concurrent use.
+type logLimiter struct {
+	mu      sync.Mutex
+	next    time.Time
+	skipped int
+}
+
+// allow reports whether to log now, and how many lines were held back
+// since the last one.
+func (l *logLimiter) allow(now time.Time) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Before(l.next) {
+		l.skipped++
+		return false, 0
+	}
+	n := l.skipped
+	l.next, l.skipped = now.Add(time.Second), 0
+	return true, n
 }
 
 // drain starts the node's drain and answers at once: 202.
@@ -289,37 +395,70 @@ func (s *Server) stopServing(w http.ResponseWriter, start func(), verb, status s
 	writeJSON(w, http.StatusAccepted, map[string]string{"status": status})
 }
 
-// decode reads a JSON body of at most MaxBodyBytes into v.
 // decode reads a request body into v, then holds its fields to table
-// (fields.go).
+// (fields.go). The body is read as a stream and refused as soon as a list
+// in it passes its limit (bodyLimits), or the bytes that bodies hold at
+// once pass MaxBodyBytesInFlight, before anything is decoded: what a
+// body costs to decode grows with its elements, not only its bytes.
 func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, table *fieldTable) *apiError {
 	r.Body = http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
 	// The whole body, while the server's read timeout holds: a client that
 	// declared more than it sends must not hold the connection. At the
 	// body's end net/http lifts the read deadline, so what follows (a
 	// generation, streamed) may take as long as it takes.
-	var buf bytes.Buffer
-	if r.ContentLength > 0 && r.ContentLength <= s.cfg.MaxBodyBytes {
-		buf.Grow(int(r.ContentLength) + bytes.MinRead)
-	}
-	_, err := buf.ReadFrom(r.Body)
+	body := &budgetReader{r: r.Body, budget: &s.bodies}
+	defer body.release()
+	raw, err := jsonlimit.Read(body, s.bodyLimits)
 	if err == nil {
-		err = json.Unmarshal(buf.Bytes(), v)
+		err = json.Unmarshal(raw, v)
 	}
 	var tooBig *http.MaxBytesError
+	var limit *jsonlimit.LimitError
 	var typeErr *json.UnmarshalTypeError
 	switch {
 	case err == nil:
-		return s.checkFields(buf.Bytes(), table)
+		return s.checkFields(raw, table)
+	case errors.Is(err, errBodyBudget):
+		s.rejected.WithLabelValues("overloaded").Inc()
+		w.Header().Set("Retry-After", "1")
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: strp("overloaded"),
+			Message: fmt.Sprintf("the server is overloaded: the request bodies it is reading hold more than %d bytes; try again shortly", s.bodies.limit)}
 	case errors.As(err, &tooBig):
 		return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 			Message: fmt.Sprintf("request body larger than the limit of %d bytes", tooBig.Limit)}
+	case errors.As(err, &limit) && limit.Kind == "bytes":
+		return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+			Message: fmt.Sprintf("request body larger than the limit of %d bytes", limit.Limit)}
+	case errors.As(err, &limit):
+		// The field is the path's first name: "messages[].content" is in
+		// messages.
+		param, _, _ := strings.Cut(limit.Path, "[")
+		param, _, _ = strings.Cut(param, ".")
+		return badRequest(limit.Error(), param)
 	case errors.As(err, &typeErr):
 		// Fields of an embedded struct are named by its Go name too.
 		field := strings.TrimPrefix(typeErr.Field, "commonParams.")
 		return badRequest(fmt.Sprintf("invalid type for %q: expected %s", field, typeErr.Type), field)
 	default:
 		return badRequest("invalid JSON body: "+err.Error(), "")
+	}
+}
+
+// bodyLimits are the limits of a request body as it is read (limits.go).
+func (s *Server) limitsOfBodies() jsonlimit.Limits {
+	// A prompt of token ids, one list or several, holds at most a
+	// context's worth.
+	tokens := max(s.cfg.MaxModelLen, maxChoices)
+	return jsonlimit.Limits{
+		MaxBytes:      s.cfg.MaxBodyBytes,
+		MaxDepth:      maxBodyDepth,
+		MaxContainers: maxBodyContainers,
+		Default:       maxBodyList,
+		Paths: map[string]int{
+			"messages": maxMessages, "messages[].content": maxContentParts,
+			"stop": maxStops, "stop_token_ids": maxStopTokenIDs, "logit_bias": maxLogitBias,
+			"tools": maxTools, "prompt": tokens, "prompt[]": tokens, "tokens": tokens,
+		},
 	}
 }
 

@@ -159,6 +159,29 @@ writes the same file.`,
 	return cmd
 }
 
+// secretFlags are the flags that take a secret, with the environment
+// variable that takes it unseen.
+var secretFlags = []struct{ flag, env string }{
+	{"api-key", "DPNODE_API_KEY"},
+	{"admin-api-key", "DPNODE_ADMIN_API_KEY"},
+	{"gossip-key", "DPNODE_GOSSIP_KEY"},
+}
+
+// warnSecretFlags warns of secrets given on the command line: every user
+// of the machine reads them in ps and /proc, and so does anyone who can
+// read the process's command line elsewhere.
+func warnSecretFlags(cmd *cobra.Command, logger *slog.Logger) {
+	for _, s := range secretFlags {
+		if cmd.Flags().Changed(s.flag) {
+			logger.Warn("a secret given as a flag is visible to every user of this machine (ps, /proc); set it in the environment instead",
+				"flag", "--"+s.flag, "env", "$"+s.env)
+		}
+	}
+	if cmd.Flags().Changed("api-key") {
+		logger.Warn("or keep the API keys in a file only the node reads", "flag", "--api-key-file")
+	}
+}
+
 // envList is an environment variable as a flag's default list: empty
 // when unset.
 func envList(name string) []string {
@@ -186,6 +209,7 @@ calibrated simulated executor.`,
 				return fmt.Errorf("invalid flags: --log-level: %w", err)
 			}
 			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			warnSecretFlags(cmd, o.Logger)
 			o.Profiles = dpnode.SimProfiles
 			o.Version = version
 			o.PortSet = cmd.Flags().Changed("port")
@@ -229,6 +253,7 @@ calibrated simulated executor.`,
 	f.StringVar(&o.ChatTemplate, "chat-template", "", "llamacpp: Jinja chat template file to use instead of the model's own")
 	f.StringVar(&o.ToolCallParser, "tool-call-parser", "", "llamacpp: read tool calls from the output in the model family's syntax: llama3_json (Llama 3.x), hermes (Qwen 2.5 and 3, Hermes) or mistral")
 	f.BoolVar(&o.EnableAutoToolChoice, "enable-auto-tool-choice", false, "llamacpp: let the model choose to call tools (tool_choice auto, the default when a request has tools); needs --tool-call-parser")
+	f.BoolVar(&o.TokenizeContentAsText, "tokenize-content-as-text", false, "read chat messages' content as text: a special token's text a user types (<|eot_id|>) stays text and cannot end the turn or forge a system one (vLLM reads it as the token)")
 	f.StringVar(&o.GreedyInGraph, "greedy-in-graph", o.GreedyInGraph, "llamacpp: take greedy requests' argmax inside llama.cpp's graph, so that their logits stay on the device: auto (when the model runs on a GPU), on or off")
 	f.StringVar(&o.KVCacheDtype, "kv-cache-dtype", o.KVCacheDtype, "llamacpp: KV cache element type: auto (the model's: float32 for an F32 model, else float16), float16 or float32")
 	f.StringVar(&o.SimProfile, "sim-profile", o.SimProfile, "simulated GPU+model profile: a built-in name or a path to a profile .json")
@@ -242,6 +267,8 @@ calibrated simulated executor.`,
 	f.IntVar(&o.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "token budget of one engine step (default: the profile's, 8192)")
 	f.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length, prompt plus output (default: the profile's)")
 	f.BoolVar(&o.NoPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off")
+	f.IntVar(&o.MaxConnections, "max-connections", 0, "HTTP connections open at once; at the cap a new one replaces the longest idle, and /health and /metrics answer on a small reserve (default: the file descriptors allowed less 1024, at most 65536)")
+	f.DurationVar(&o.HTTPTimeouts.Write, "client-write-timeout", o.HTTPTimeouts.Write, "a client that takes no part of its response for this long has its request aborted and its connection closed")
 	f.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "on SIGTERM, how long to let requests in flight finish")
 	f.BoolVar(&o.LeaveOnTerminate, "leave-on-terminate", false, "on SIGTERM, leave the deployment: drain, then give the ranks back (an elastic deployment shrinks); without it the ranks wait for the node to come back")
 	f.DurationVar(&o.JoinTimeout, "join-timeout", o.JoinTimeout, "how long to wait for one of the --seeds to answer, and then, with --data-parallel-start-rank auto, for the coordinator to give the node its ranks")

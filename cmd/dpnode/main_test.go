@@ -2,10 +2,12 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -207,12 +209,20 @@ func TestAdminDrain(t *testing.T) {
 	}
 }
 
-func TestAdminDrainWithoutAKeyIsLocalOnly(t *testing.T) {
+// TestAdminRoutesAreOffWithoutAKey: with no admin key, not even a caller
+// on the machine may drain the node (a proxy or a browser there would
+// speak for anyone); the node goes on serving.
+func TestAdminRoutesAreOffWithoutAKey(t *testing.T) {
 	bin := buildDpnode(t)
 	base, cmd := startNode(t, bin)
-	// The test's client is on loopback: allowed.
-	if code, out := post(t, base+"/admin/drain", "", ""); code != http.StatusAccepted {
-		t.Fatalf("local drain without a key: %d %s", code, out)
+	if code, out := post(t, base+"/admin/drain", "", ""); code != http.StatusForbidden || !strings.Contains(out, "--admin-api-key") {
+		t.Fatalf("local drain without a key: %d %s; want 403 naming --admin-api-key", code, out)
+	}
+	if code, out := post(t, base+"/v1/completions", "", `{"prompt":"still here","max_tokens":1}`); code != http.StatusOK {
+		t.Fatalf("a request after the refused drain: %d %s", code, out)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("dpnode exited with %v, want 0", err)
@@ -250,5 +260,25 @@ func TestCertsThenAClusterOffLoopbackMayStart(t *testing.T) {
 	o.Profiles = dpnode.SimProfiles
 	if err := cluster.CheckOptions(o); err != nil {
 		t.Fatalf("a node with the files dpnode certs wrote: %v", err)
+	}
+}
+
+// TestSecretFlagsAreWarnedOf: a key on the command line is logged as
+// visible to the machine's users, with the variable to use instead; the
+// same key from the environment is not.
+func TestSecretFlagsAreWarnedOf(t *testing.T) {
+	t.Setenv("DPNODE_ADMIN_API_KEY", "from-the-environment")
+	cmd := newJoinCommand()
+	if err := cmd.ParseFlags([]string{"--api-key", "on-the-command-line"}); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	warnSecretFlags(cmd, slog.New(slog.NewTextHandler(&logs, nil)))
+	out := logs.String()
+	if !strings.Contains(out, "flag=--api-key") || !strings.Contains(out, "env=$DPNODE_API_KEY") || !strings.Contains(out, "--api-key-file") {
+		t.Fatalf("no warning naming --api-key and $DPNODE_API_KEY:\n%s", out)
+	}
+	if strings.Contains(out, "admin-api-key") || strings.Contains(out, "on-the-command-line") {
+		t.Fatalf("warned of a key from the environment, or logged a key:\n%s", out)
 	}
 }

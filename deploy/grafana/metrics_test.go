@@ -2,6 +2,7 @@ package grafana
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 	"slices"
 	"testing"
@@ -110,15 +111,31 @@ func descName(d *prometheus.Desc) (string, error) {
 func exportedSeries() (map[string]string, error) {
 	r := &seriesRecorder{family: map[string]string{}}
 	actors.NewMetrics(r, "model")
-	_, err := httpapi.New(httpapi.Config{
+	// A key file's metrics exist with one.
+	f, err := os.CreateTemp("", "keys")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	_, _ = f.WriteString("key\n")
+	f.Close()
+	keys, err := httpapi.NewKeys(nil, f.Name())
+	if err != nil {
+		return nil, err
+	}
+	_, err = httpapi.New(httpapi.Config{
 		// New asks nothing of its backend.
 		Backend:     struct{ httpapi.Backend }{},
 		Tokenizer:   sim.NewTokenizer(0),
 		MaxModelLen: 1024,
+		APIKeys:     keys,
 		Registerer:  r,
 		Gatherer:    prometheus.NewRegistry(),
 	})
 	if err != nil {
+		return nil, err
+	}
+	if err := httpapi.NewConnCap(1).Register(r); err != nil {
 		return nil, err
 	}
 	for _, c := range []prometheus.Collector{collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {

@@ -12,6 +12,8 @@
 # (docs/bench/elastic.svg, from the first run). REPEATS runs (default 3);
 # RATE requests/s (default 29: 80% of four ranks' capacity, 40% of eight).
 source "$(dirname "$0")/common.sh"
+# The admin routes are off without a key; the nodes read it from here.
+export DPNODE_ADMIN_API_KEY="bench-admin-$RANDOM$RANDOM"
 REPEATS=${REPEATS:-3}
 RATE=${RATE:-29}
 A=127.0.0.71
@@ -76,7 +78,7 @@ leave() { # LABEL HOW: the leave, timed to the node's exit
   t0=$(now_ms)
   echo "$t0 $label leaves" >>"$EVENTS"
   if [ "$how" = http ]; then
-    curl -fsS -X POST "http://$3:9000/admin/leave" >/dev/null
+    curl -fsS -X POST -H "Authorization: Bearer $DPNODE_ADMIN_API_KEY" "http://$3:9000/admin/leave" >/dev/null
   else
     kill -TERM "${!pidvar}"
   fi

@@ -11,7 +11,7 @@ DURATION=${DURATION:-10s}
 "$DPNODE" join --host 127.0.0.1 --port 18000 --bind 127.0.0.1:17946 --data-parallel-rpc-port 0 \
   --max-num-seqs 16 --max-pending-requests 32 --log-level warn 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!)
 wait_http http://127.0.0.1:18000/health
-for run in 1 2 3; do
+for run in $(seq "${FIRST_RUN:-1}" "${LAST_RUN:-3}"); do
   "$DPBENCH" --url http://127.0.0.1:18000 --label "overload run $run" --concurrency 640 --requests "$REQUESTS" --duration "$DURATION" \
     --input-len fixed:64 --output-len fixed:32 --probe /health,/metrics --quiet --out "$OUT/overload-r$run.json"
 done

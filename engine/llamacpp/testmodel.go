@@ -165,7 +165,7 @@ func WriteTestModel(w io.Writer, cfg TestModelConfig) error {
 // llama.cpp renders it, is not whole UTF-8 characters: a token that is part
 // of one. It asks a vocabulary worker.
 func PartialCharacterTokens(ctx context.Context, cfg WorkerConfig, vocab string) ([]uint32, error) {
-	tok, err := NewTokenizer(ctx, cfg, vocab)
+	tok, err := NewTokenizer(ctx, cfg, vocab, TokenizerConfig{Workers: 1})
 	if err != nil {
 		return nil, err
 	}

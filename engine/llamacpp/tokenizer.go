@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dpnode/dpnode/engine"
@@ -14,9 +16,15 @@ import (
 )
 
 // Tokenizer is a model's tokenizer, llama.cpp's own: texts are tokenized
-// by a worker that loaded the model's vocabulary only, and tokens are
-// turned back into text from the vocabulary's pieces, fetched from that
-// worker once. A worker that dies is started again at the next call.
+// by a pool of workers that loaded the model's vocabulary only, and tokens
+// are turned back into text from the vocabulary's pieces, fetched from a
+// worker once. A worker that dies is started again at its next call.
+//
+// Every request of the node goes through it, so what waits for it is
+// bounded: texts queue up to a total of QueueBytes, and a call past that
+// is refused at once (engine.ErrTokenizerBusy) rather than queued behind
+// seconds of other work. A call's timeout starts when a worker takes it:
+// the time spent queueing is the load's, not the worker's fault.
 type Tokenizer struct {
 	cfg   WorkerConfig
 	model string
@@ -26,8 +34,15 @@ type Tokenizer struct {
 	// maxTokenBytes is the vocabulary's longest token text.
 	maxTokenBytes int
 
+	// free holds the pool's workers not in a call.
+	free chan *tokWorker
+	all  []*tokWorker
+	// queued is the bytes of the texts waiting for a worker or in one;
+	// queueBytes bounds it.
+	queued     atomic.Int64
+	queueBytes int64
+
 	mu     sync.Mutex
-	w      *Worker
 	ready  *dpnodev1.ModelReady
 	pieces []string
 	// special is the text of the tokens whose piece is empty but whose
@@ -35,21 +50,57 @@ type Tokenizer struct {
 	special map[uint32]string
 }
 
+// tokWorker is one worker of the pool; w is nil until it is first used,
+// and after it exited.
+type tokWorker struct {
+	mu sync.Mutex
+	w  *Worker
+}
+
 var (
 	_ engine.Tokenizer        = (*Tokenizer)(nil)
 	_ engine.Vocabulary       = (*Tokenizer)(nil)
 	_ engine.SpecialTokenizer = (*Tokenizer)(nil)
 	_ engine.GrammarChecker   = (*Tokenizer)(nil)
+	_ engine.TextTokenizer    = (*Tokenizer)(nil)
 )
 
 // ErrTokenizerDown is returned while the tokenizer's worker cannot be
 // started.
 var ErrTokenizerDown = errors.New("llamacpp: the tokenizer is unavailable")
 
+// TokenizerConfig sizes a Tokenizer's pool and queue.
+type TokenizerConfig struct {
+	// Workers is the pool's size; 0 means DefaultTokenizerWorkers.
+	Workers int
+	// QueueBytes bounds the text waiting for the workers or in them; 0
+	// means DefaultTokenizerQueueBytes.
+	QueueBytes int64
+}
+
+// DefaultTokenizerWorkers: as many as there are cores, up to 4. A
+// vocabulary-only worker holds its vocabulary, tens of megabytes.
+func DefaultTokenizerWorkers() int { return min(4, runtime.NumCPU()) }
+
+// DefaultTokenizerQueueBytes is 64 MiB of text: at the few megabytes a
+// second a worker tokenizes, seconds of work.
+const DefaultTokenizerQueueBytes = 64 << 20
+
 // NewTokenizer starts a vocabulary worker for model and fetches its
-// pieces.
-func NewTokenizer(ctx context.Context, cfg WorkerConfig, model string) (*Tokenizer, error) {
-	t := &Tokenizer{cfg: cfg, model: model, timeout: 30 * time.Second}
+// pieces; the pool's other workers start when first needed.
+func NewTokenizer(ctx context.Context, cfg WorkerConfig, model string, tc TokenizerConfig) (*Tokenizer, error) {
+	if tc.Workers <= 0 {
+		tc.Workers = DefaultTokenizerWorkers()
+	}
+	if tc.QueueBytes <= 0 {
+		tc.QueueBytes = DefaultTokenizerQueueBytes
+	}
+	t := &Tokenizer{cfg: cfg, model: model, timeout: 30 * time.Second, free: make(chan *tokWorker, tc.Workers), queueBytes: tc.QueueBytes}
+	for range tc.Workers {
+		m := &tokWorker{}
+		t.all = append(t.all, m)
+		t.free <- m
+	}
 	// The file's own vocabulary bounds a token's text; a file this
 	// process cannot read is the worker's to report.
 	if g, err := gguf.ReadFile(model); err == nil {
@@ -57,60 +108,68 @@ func NewTokenizer(ctx context.Context, cfg WorkerConfig, model string) (*Tokeniz
 			t.maxTokenBytes = maxTokenBytes(tokens)
 		}
 	}
-	if _, err := t.worker(ctx); err != nil {
+	if _, err := t.worker(ctx, t.all[0]); err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// worker returns the running worker, starting one if there is none.
-func (t *Tokenizer) worker(ctx context.Context) (*Worker, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.w != nil {
+// worker returns m's running worker, starting one if there is none. The
+// first worker started fetches the vocabulary's pieces.
+func (t *Tokenizer) worker(ctx context.Context, m *tokWorker) (*Worker, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.w != nil {
 		select {
-		case <-t.w.Done():
-			t.cfg.Logger.Warn("the tokenizer's worker exited; starting it again", "error", t.w.Err())
-			t.w = nil
+		case <-m.w.Done():
+			t.cfg.Logger.Warn("a tokenizer worker exited; starting it again", "error", m.w.Err())
+			m.w = nil
 		default:
-			return t.w, nil
+			return m.w, nil
 		}
 	}
 	w, ready, err := StartWorker(ctx, t.cfg, &dpnodev1.LoadModel{Path: t.model, VocabOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrTokenizerDown, err)
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.pieces == nil {
-		rep, err := w.Call(ctx, &dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_Vocabulary{Vocabulary: &dpnodev1.GetVocabulary{}}})
-		if err != nil {
+		if err := t.fetchVocabulary(ctx, w, ready); err != nil {
 			w.Close()
-			return nil, fmt.Errorf("%w: fetching the vocabulary: %w", ErrTokenizerDown, err)
-		}
-		v := rep.GetVocabulary()
-		if v == nil || len(v.Offsets) != int(ready.VocabSize)+1 {
-			w.Close()
-			return nil, fmt.Errorf("%w: the worker sent a vocabulary of the wrong size", ErrTokenizerDown)
-		}
-		t.pieces = make([]string, ready.VocabSize)
-		for i := range t.pieces {
-			a, b := v.Offsets[i], v.Offsets[i+1]
-			if a > b || int(b) > len(v.Pieces) {
-				w.Close()
-				return nil, fmt.Errorf("%w: the worker sent a malformed vocabulary", ErrTokenizerDown)
-			}
-			t.pieces[i] = string(v.Pieces[a:b])
-		}
-		if len(v.SpecialIds) != len(v.SpecialTexts) {
-			w.Close()
-			return nil, fmt.Errorf("%w: the worker sent a malformed vocabulary", ErrTokenizerDown)
-		}
-		t.special = make(map[uint32]string, len(v.SpecialIds))
-		for i, id := range v.SpecialIds {
-			t.special[id] = string(v.SpecialTexts[i])
+			return nil, err
 		}
 	}
-	t.w, t.ready = w, ready
+	t.ready = ready
+	m.w = w
 	return w, nil
+}
+
+// fetchVocabulary takes the pieces and special texts from w. t.mu is
+// held.
+func (t *Tokenizer) fetchVocabulary(ctx context.Context, w *Worker, ready *dpnodev1.ModelReady) error {
+	rep, err := w.Call(ctx, &dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_Vocabulary{Vocabulary: &dpnodev1.GetVocabulary{}}})
+	if err != nil {
+		return fmt.Errorf("%w: fetching the vocabulary: %w", ErrTokenizerDown, err)
+	}
+	v := rep.GetVocabulary()
+	if v == nil || len(v.Offsets) != int(ready.VocabSize)+1 || len(v.SpecialIds) != len(v.SpecialTexts) {
+		return fmt.Errorf("%w: the worker sent a malformed vocabulary", ErrTokenizerDown)
+	}
+	pieces := make([]string, ready.VocabSize)
+	for i := range pieces {
+		a, b := v.Offsets[i], v.Offsets[i+1]
+		if a > b || int(b) > len(v.Pieces) {
+			return fmt.Errorf("%w: the worker sent a malformed vocabulary", ErrTokenizerDown)
+		}
+		pieces[i] = string(v.Pieces[a:b])
+	}
+	t.pieces = pieces
+	t.special = make(map[uint32]string, len(v.SpecialIds))
+	for i, id := range v.SpecialIds {
+		t.special[id] = string(v.SpecialTexts[i])
+	}
+	return nil
 }
 
 // Ready is the worker's account of the vocabulary.
@@ -124,10 +183,19 @@ func (t *Tokenizer) Ready() *dpnodev1.ModelReady {
 // tokens written as text (a chat template's <|eot_id|>) as those tokens,
 // as Hugging Face's tokenizers do.
 func (t *Tokenizer) Encode(text string, addSpecial bool) ([]uint32, error) {
-	req := &dpnodev1.TokenizeText{Text: text, AddSpecial: addSpecial, ParseSpecial: true}
-	rep, err := t.call(&dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_Tokenize{Tokenize: req}}, t.timeout)
+	return t.tokenize(&dpnodev1.TokenizeText{Text: text, AddSpecial: addSpecial, ParseSpecial: true})
+}
+
+// EncodeText implements engine.TextTokenizer with llama_tokenize, special
+// tokens' text read as text and nothing added.
+func (t *Tokenizer) EncodeText(text string) ([]uint32, error) {
+	return t.tokenize(&dpnodev1.TokenizeText{Text: text})
+}
+
+func (t *Tokenizer) tokenize(req *dpnodev1.TokenizeText) ([]uint32, error) {
+	rep, err := t.call(&dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_Tokenize{Tokenize: req}}, int64(len(req.Text)), t.timeout)
 	switch {
-	case errors.Is(err, ErrTokenizerDown):
+	case errors.Is(err, ErrTokenizerDown), errors.Is(err, engine.ErrTokenizerBusy):
 		return nil, err
 	case err != nil:
 		return nil, fmt.Errorf("%w: %w", ErrTokenizerDown, err)
@@ -142,40 +210,50 @@ func (t *Tokenizer) Encode(text string, addSpecial bool) ([]uint32, error) {
 const grammarTimeout = 5 * time.Second
 
 // CheckGrammar implements engine.GrammarChecker: llama.cpp parses gbnf
-// for the model's vocabulary in the vocabulary worker, where a grammar
-// that crashes or hangs the parser takes no rank with it.
+// for the model's vocabulary in a vocabulary worker, where a grammar that
+// crashes or hangs the parser takes no rank with it.
 func (t *Tokenizer) CheckGrammar(gbnf string) error {
-	_, err := t.call(&dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_CheckGrammar{CheckGrammar: &dpnodev1.CheckGrammar{Gbnf: gbnf}}}, grammarTimeout)
+	_, err := t.call(&dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_CheckGrammar{CheckGrammar: &dpnodev1.CheckGrammar{Gbnf: gbnf}}}, int64(len(gbnf)), grammarTimeout)
 	var refused *ReplyError
 	switch {
 	case errors.As(err, &refused):
 		return fmt.Errorf("%w: %s", engine.ErrBadGrammar, refused.Message)
 	case errors.Is(err, context.DeadlineExceeded):
-		t.mu.Lock()
-		if t.w != nil {
-			t.w.Close()
-		}
-		t.mu.Unlock()
 		return fmt.Errorf("%w: llama.cpp took more than %s to parse it", engine.ErrBadGrammar, grammarTimeout)
 	}
 	return err
 }
 
-// call sends req to the worker within timeout; a worker that died under
-// the call is started again, once. A reply that refuses req is a
-// *ReplyError; any other failure wraps ErrTokenizerDown, or is the
-// timeout's.
-func (t *Tokenizer) call(req *dpnodev1.WorkerRequest, timeout time.Duration) (*dpnodev1.WorkerReply, error) {
+// call sends req, of size bytes, to a worker of the pool, which has
+// timeout for it; a worker that died under the call is started again,
+// once. A worker that takes longer is stopped (a grammar built to hang
+// the parser; a text that takes it that long), so that the pool does not
+// keep it. A reply that refuses req is a *ReplyError; any other failure
+// wraps ErrTokenizerDown or engine.ErrTokenizerBusy, or is the timeout's.
+func (t *Tokenizer) call(req *dpnodev1.WorkerRequest, size int64, timeout time.Duration) (*dpnodev1.WorkerReply, error) {
+	// A text longer than the whole queue still goes, alone.
+	if n := t.queued.Add(size); n > t.queueBytes && n != size {
+		t.queued.Add(-size)
+		return nil, fmt.Errorf("%w: %d bytes of text wait for its %d workers", engine.ErrTokenizerBusy, t.queueBytes, len(t.all))
+	}
+	defer t.queued.Add(-size)
+	// The queue's bytes bound the wait; the timeout starts with a worker.
+	m := <-t.free
+	defer func() { t.free <- m }()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	for attempt := 0; ; attempt++ {
-		w, err := t.worker(ctx)
+		w, err := t.worker(ctx, m)
 		if err != nil {
 			return nil, err
 		}
 		rep, err := w.Call(ctx, req)
 		var refused *ReplyError
-		if err == nil || errors.As(err, &refused) || errors.Is(err, context.DeadlineExceeded) {
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			w.Close()
+			return nil, err
+		case err == nil || errors.As(err, &refused):
 			return rep, err
 		}
 		select {
@@ -189,11 +267,12 @@ func (t *Tokenizer) call(req *dpnodev1.WorkerRequest, timeout time.Duration) (*d
 	}
 }
 
-// Pid is the process id of the tokenizer's worker.
+// Pid is the process id of the pool's first worker.
 func (t *Tokenizer) Pid() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.w.Pid()
+	m := t.all[0]
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.w.Pid()
 }
 
 // Decode implements engine.Tokenizer: each token's piece, in order, as
@@ -247,12 +326,15 @@ func (t *Tokenizer) VocabSize() int {
 // the model file's vocabulary, special tokens included.
 func (t *Tokenizer) MaxTokenBytes() int { return t.maxTokenBytes }
 
-// Close stops the worker.
+// Close stops the workers.
 func (t *Tokenizer) Close() error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.w != nil {
-		return t.w.Close()
+	var errs []error
+	for _, m := range t.all {
+		m.mu.Lock()
+		if m.w != nil {
+			errs = append(errs, m.w.Close())
+		}
+		m.mu.Unlock()
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -83,6 +83,16 @@ func fakeWorker() int {
 				ids = append(ids, id)
 			}
 			rep.Body = &dpnodev1.WorkerReply_Tokens{Tokens: &dpnodev1.TokenIds{Ids: ids}}
+		case *dpnodev1.WorkerRequest_CheckGrammar:
+			// "wait-for:PATH" holds the worker until PATH exists.
+			if file, ok := strings.CutPrefix(b.CheckGrammar.Gbnf, "wait-for:"); ok {
+				for {
+					if _, err := os.Stat(file); err == nil {
+						break
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
 		case *dpnodev1.WorkerRequest_Vocabulary:
 			v := &dpnodev1.Vocabulary{}
 			for i := range 100 {
@@ -228,7 +238,7 @@ func TestWorkerDeathsAreNoticedAndExplained(t *testing.T) {
 }
 
 func TestTokenizerRestartsItsWorker(t *testing.T) {
-	tok, err := NewTokenizer(context.Background(), fakeConfig(t), "m.gguf")
+	tok, err := NewTokenizer(context.Background(), fakeConfig(t), "m.gguf", TokenizerConfig{Workers: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,6 +256,62 @@ func TestTokenizerRestartsItsWorker(t *testing.T) {
 	}
 	if ids, err := tok.Encode("w9", false); err != nil || !slices.Equal(ids, []uint32{9}) || tok.Pid() == pid {
 		t.Fatalf("after its worker was killed: %v %v", ids, err)
+	}
+}
+
+// TestTokenizerQueueIsBounded: with every worker of the pool busy, a
+// call waits for one, however long, and then has its whole timeout; a
+// call that would make the text waiting pass the queue's bound is refused
+// at once as busy, not failed as a tokenizer that is down.
+func TestTokenizerQueueIsBounded(t *testing.T) {
+	tok, err := NewTokenizer(context.Background(), fakeConfig(t), "m.gguf", TokenizerConfig{Workers: 2, QueueBytes: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.Close()
+	tok.timeout = 500 * time.Millisecond
+	release := filepath.Join(t.TempDir(), "release")
+	held := make(chan error, 2)
+	for range 2 {
+		go func() { held <- tok.CheckGrammar("wait-for:" + release) }()
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("not within 10s: %s", what)
+			}
+		}
+	}
+	waitFor("both workers held", func() bool { return len(tok.free) == 0 })
+	type result struct {
+		ids []uint32
+		err error
+	}
+	queued := make(chan result, 1)
+	go func() {
+		ids, err := tok.Encode("w1 w2", false)
+		queued <- result{ids, err}
+	}()
+	waitFor("the call queued", func() bool { return tok.queued.Load() == int64(2*len("wait-for:"+release)+len("w1 w2")) })
+	if _, err := tok.Encode(strings.Repeat("w7 ", 300), false); !errors.Is(err, engine.ErrTokenizerBusy) || errors.Is(err, ErrTokenizerDown) {
+		t.Fatalf("a call past the queue's bound: %v; want busy", err)
+	}
+	// The queued call waits longer than its timeout, which has not started.
+	time.Sleep(3 * tok.timeout)
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-held; err != nil {
+			t.Fatalf("a held call: %v", err)
+		}
+	}
+	if r := <-queued; r.err != nil || !slices.Equal(r.ids, []uint32{1, 2}) {
+		t.Fatalf("the queued call: %v %v", r.ids, r.err)
+	}
+	if n := tok.queued.Load(); n != 0 {
+		t.Fatalf("%d bytes still count as queued", n)
 	}
 }
 

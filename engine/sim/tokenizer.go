@@ -129,6 +129,10 @@ func (t *Tokenizer) Encode(text string, _ bool) ([]uint32, error) {
 	return t.Tokens(text), nil
 }
 
+// EncodeText implements engine.TextTokenizer: the simulated vocabulary
+// has no special tokens, so it is Encode.
+func (t *Tokenizer) EncodeText(text string) ([]uint32, error) { return t.Tokens(text), nil }
+
 // Tokens splits text into pieces (a word with its leading space, a run of
 // at most three digits, one punctuation or other character, a run of
 // whitespace) and maps each to an id.

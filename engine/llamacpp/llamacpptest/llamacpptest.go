@@ -334,7 +334,7 @@ func Tokenizer(t testing.TB, model string) *llamacpp.Tokenizer {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	tok, err := llamacpp.NewTokenizer(ctx, llamacpp.WorkerConfig{Binary: Worker(t), Logger: slog.New(slog.DiscardHandler)}, model)
+	tok, err := llamacpp.NewTokenizer(ctx, llamacpp.WorkerConfig{Binary: Worker(t), Logger: slog.New(slog.DiscardHandler)}, model, llamacpp.TokenizerConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,12 @@ type MembershipConfig struct {
 	// Roster is the roster the node starts with: dp.Roster{Fixed: size},
 	// or an empty elastic one; gossip brings newer ones.
 	Roster dp.Roster
-	Logger *slog.Logger
+	// VerifyPeer, when set, checks the actor transport at a peer's actor
+	// address (TLSFiles.verifier): a peer whose metadata names one is a
+	// member only once it showed there a certificate of the cluster's CA.
+	// The gossip key alone does not make a member.
+	VerifyPeer func(ctx context.Context, address string) error
+	Logger     *slog.Logger
 }
 
 // Handler is what a running node takes from gossip: membership changes,
@@ -538,6 +543,8 @@ type delegate struct {
 	onRoster   func(dp.Roster)
 	onClaim    func(dp.Claim, bool)
 	pending    []*actors.MemberEvent
+	// verified holds the peers' checks (verify).
+	verified map[string]verified
 }
 
 // newDelegate makes the delegate of a node whose encoded metadata is
@@ -725,7 +732,53 @@ func (d *delegate) conflict(peer *memberlist.Node) (meta *dpnodev1.NodeMeta, ran
 	self := d.self
 	d.mu.Unlock()
 	err = dp.RankConflict(self, []dp.Member{{Name: peer.Name, Boot: meta.BootUnixNano, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)}})
-	return meta, err != nil, err
+	if err != nil {
+		return meta, true, err
+	}
+	return meta, false, d.verify(peer.Name, meta.ActorAddress)
+}
+
+// verifyTimeout bounds a peer's check, which runs on memberlist's
+// goroutine; verifyRetry is how long a failed one stands before the peer
+// is checked again.
+const (
+	verifyTimeout = time.Second
+	verifyRetry   = 5 * time.Second
+)
+
+// verified is a peer's check, kept by name and actor address.
+type verified struct {
+	err error
+	at  time.Time
+}
+
+// verify checks the peer at address once (VerifyPeer), and again after a
+// failure once verifyRetry has passed.
+func (d *delegate) verify(name, address string) error {
+	if d.cfg.VerifyPeer == nil || address == "" {
+		return nil
+	}
+	key := name + " " + address
+	d.mu.Lock()
+	v, ok := d.verified[key]
+	d.mu.Unlock()
+	if ok && (v.err == nil || time.Since(v.at) < verifyRetry) {
+		return v.err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), verifyTimeout)
+	defer cancel()
+	err := d.cfg.VerifyPeer(ctx, address)
+	if err != nil {
+		err = fmt.Errorf("cluster: %s showed no certificate of this cluster's CA at %s (%w): it is not counted as a member", name, address, err)
+		d.cfg.Logger.Warn(err.Error())
+	}
+	d.mu.Lock()
+	if d.verified == nil {
+		d.verified = map[string]verified{}
+	}
+	d.verified[key] = verified{err: err, at: time.Now()}
+	d.mu.Unlock()
+	return err
 }
 
 // mismatch names what the node called name serves differently from this

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -366,6 +367,41 @@ func TestActorTransportWithMutualTLS(t *testing.T) {
 	if strings.Contains(a.logs.String()+b.logs.String(), "plaintext") {
 		t.Fatal("a node with TLS files warned that its actor traffic is plaintext")
 	}
+}
+
+// TestMemberNeedsACertificateOfTheCA: a node with the gossip key but a
+// certificate of another CA is no member: its join is refused, the first
+// node never counts it, and the real holder of the rank it claimed joins.
+// Before, gossip admitted it on the key alone: it claimed rank 1, counted
+// toward the quorum, and locked rank 1's owner out.
+func TestMemberNeedsACertificateOfTheCA(t *testing.T) {
+	ours, theirs := cluster.NewTestCA(t, "cluster"), cluster.NewTestCA(t, "other")
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{'k'}, 32))
+	args := func(ip string, files cluster.TLSFiles, start int, seeds ...string) []string {
+		a := nodeArgs(ip, "--host", ip, "--port", "0", "--gossip-key", key,
+			"--cluster-tls-cert", files.Cert, "--cluster-tls-key", files.Key, "--cluster-tls-ca", files.CA,
+			"--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-start-rank", fmt.Sprint(start))
+		if len(seeds) > 0 {
+			a = append(a, "--seeds", strings.Join(seeds, ","))
+		}
+		return a
+	}
+	a := startProc(t, "127.0.0.106", args("127.0.0.106", ours.Node(t, "a"), 0)...)
+	// The intruder trusts the cluster's CA, as an attacker's build would
+	// trust anything: only the first node's check keeps it out. It may
+	// think itself joined; the cluster does not count it.
+	intruder := theirs.Node(t, "intruder")
+	intruder.CA = ours.Node(t, "unused").CA
+	_, _ = launch(t, "127.0.0.107", args("127.0.0.107", intruder, 1, "127.0.0.106:7946")...)
+	a.waitLog(`showed no certificate of this cluster's CA`, 10*time.Second)
+	b := startProc(t, "127.0.0.108", args("127.0.0.108", ours.Node(t, "b"), 1, "127.0.0.106:7946")...)
+	a.waitView("rank 1's owner, not the intruder, is the other member", 10*time.Second, func(v clusterView) bool {
+		return len(v.Nodes) == 2 && slices.ContainsFunc(v.Nodes, func(n struct {
+			Name string `json:"name"`
+		}) bool {
+			return n.Name == b.name
+		})
+	})
 }
 
 func TestGossipKey(t *testing.T) {

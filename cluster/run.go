@@ -163,6 +163,12 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		Profile:     o.GossipProfile,
 		Logger:      o.Logger,
 	}
+	if o.TLS.set() {
+		if mcfg.VerifyPeer, err = o.TLS.verifier(); err != nil {
+			closeListener()
+			return nil, err
+		}
+	}
 	if (topo.AutoStart || topo.Elastic) && topo.LocalSize > 0 {
 		// The coordinator gives the node its ranks: it joins gossip
 		// first, without ranks, and asks.

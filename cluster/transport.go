@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -37,6 +38,33 @@ func (f TLSFiles) check() error {
 // Peers are dialled by IP address, so what is checked is the signature, not
 // a host name: a certificate from the cluster CA is what makes a member.
 func (f TLSFiles) credentials() (credentials.TransportCredentials, error) {
+	cfg, err := f.config()
+	if err != nil {
+		return nil, err
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// verifier returns what checks a peer's actor transport: a TLS handshake
+// in which it shows a certificate of the cluster's CA, as every call
+// between nodes does.
+func (f TLSFiles) verifier() (func(ctx context.Context, address string) error, error) {
+	cfg, err := f.config()
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context, address string) error {
+		d := tls.Dialer{Config: cfg}
+		conn, err := d.DialContext(ctx, "tcp", address)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	}, nil
+}
+
+// config is the TLS of both ends of the actor transport.
+func (f TLSFiles) config() (*tls.Config, error) {
 	pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: --cluster-tls-cert/--cluster-tls-key: %w", err)
@@ -78,7 +106,7 @@ func (f TLSFiles) credentials() (credentials.TransportCredentials, error) {
 		ClientAuth:            tls.RequireAnyClientCert,
 		VerifyPeerCertificate: verify,
 	}
-	return credentials.NewTLS(cfg), nil
+	return cfg, nil
 }
 
 // dialTimeout bounds one attempt to connect to a peer's actor transport.

@@ -554,6 +554,7 @@ func samplingFromWire(s *dpnodev1.SamplingParams) engine.SamplingParams {
 		Logprobs:          s.Logprobs,
 		TopLogprobs:       int(s.TopLogprobs),
 		PromptLogprobs:    s.PromptLogprobs,
+		PromptRanks:       s.PromptRanks,
 		Grammar:           s.Grammar,
 	}
 }
@@ -577,6 +578,7 @@ func samplingToWire(s engine.SamplingParams) *dpnodev1.SamplingParams {
 		Logprobs:          s.Logprobs,
 		TopLogprobs:       int32(s.TopLogprobs),
 		PromptLogprobs:    s.PromptLogprobs,
+		PromptRanks:       s.PromptRanks,
 		Grammar:           s.Grammar,
 	}
 }

@@ -52,6 +52,9 @@ type SamplingParams struct {
 	// then computed whole, in chunks of at most PromptLogprobsChunk, and
 	// the prefix cache is not used.
 	PromptLogprobs bool
+	// PromptRanks, with PromptLogprobs, asks also for each prompt token's
+	// rank (vLLM's prompt_logprobs): a second pass over each row.
+	PromptRanks bool
 	// Grammar, when not empty, constrains the output to a GBNF grammar
 	// (start rule root): structured output. The simulated executor cannot
 	// honour it; the API server refuses it there.

@@ -65,7 +65,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		if req.Echo {
 			// The prompt's too, as evaluation harnesses read them.
 			g.echoLogprobs = true
-			g.askPromptLogprobs(*req.Logprobs)
+			g.askPromptLogprobs(*req.Logprobs, false)
 		}
 	}
 	s.generate(w, r, g)

@@ -69,11 +69,13 @@ func (g *genSpec) askLogprobs(top int) {
 }
 
 // askPromptLogprobs asks every request of g for its prompt's
-// log-probabilities, with top more likely tokens each.
-func (g *genSpec) askPromptLogprobs(top int) {
+// log-probabilities, with top more likely tokens each, and with ranks each
+// when they are reported (vLLM's prompt_logprobs).
+func (g *genSpec) askPromptLogprobs(top int, ranks bool) {
 	g.promptLogprobs = true
 	for i := range g.sampling {
 		g.sampling[i].PromptLogprobs, g.sampling[i].TopLogprobs = true, max(g.sampling[i].TopLogprobs, top)
+		g.sampling[i].PromptRanks = g.sampling[i].PromptRanks || ranks
 	}
 }
 
@@ -214,7 +216,7 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 	}
 	if p.PromptLogprobs != nil {
 		g.promptTop = *p.PromptLogprobs
-		g.askPromptLogprobs(g.promptTop)
+		g.askPromptLogprobs(g.promptTop, true)
 	}
 	return g, nil
 }

@@ -180,7 +180,7 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 			// followed by a prompt token, whose log-probability it gives.
 			from, to := r.NumComputed+1, min(r.NumComputed+r.NumNewTokens, len(r.Prompt)-1)+1
 			if from < to {
-				s.PromptLogprobTargets, s.PromptTopLogprobs = r.Prompt[from:to], int32(r.Sampling.TopLogprobs)
+				s.PromptLogprobTargets, s.PromptTopLogprobs, s.PromptRanks = r.Prompt[from:to], int32(r.Sampling.TopLogprobs), r.Sampling.PromptRanks
 			}
 		}
 		if r.SampleIndex >= 0 {

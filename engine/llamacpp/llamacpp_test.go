@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -193,8 +194,16 @@ func newExecutor(t *testing.T, cfg engine.SchedulerConfig) *llamacpp.Executor {
 func run(t *testing.T, s *engine.Scheduler, e *llamacpp.Executor) map[string][]uint32 {
 	t.Helper()
 	out := map[string][]uint32{}
-	for steps := 0; s.HasWork(); steps++ {
-		if steps > 5000 {
+	steps(t, s, e, func(o engine.Output) { out[o.ID] = append(out[o.ID], o.NewTokens...) })
+	return out
+}
+
+// steps runs the scheduler's requests to their end, handing each output to
+// f.
+func steps(t *testing.T, s *engine.Scheduler, e *llamacpp.Executor, f func(engine.Output)) {
+	t.Helper()
+	for n := 0; s.HasWork(); n++ {
+		if n > 5000 {
 			t.Fatal("the requests did not finish")
 		}
 		b := s.Schedule()
@@ -203,10 +212,9 @@ func run(t *testing.T, s *engine.Scheduler, e *llamacpp.Executor) map[string][]u
 			t.Fatal(err)
 		}
 		for _, o := range s.Update(b, res) {
-			out[o.ID] = append(out[o.ID], o.NewTokens...)
+			f(o)
 		}
 	}
-	return out
 }
 
 func schedulerFor(t *testing.T, e *llamacpp.Executor, cfg engine.SchedulerConfig) *engine.Scheduler {
@@ -596,5 +604,36 @@ func TestBadGrammarsAreRefusedByTheVocabularyWorker(t *testing.T) {
 	}
 	if err := tok.CheckGrammar(`root ::= [a-z]+`); err != nil {
 		t.Fatalf("a good grammar after bad ones: %v", err)
+	}
+}
+
+// TestPromptRanksOnlyWhenAsked: a prompt's log-probabilities come with
+// each token's rank when the request asks for ranks (vLLM's
+// prompt_logprobs) and without it otherwise (echo with logprobs, which
+// reports none): the rank is a second pass over each row.
+func TestPromptRanksOnlyWhenAsked(t *testing.T) {
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 4, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512}
+	e := newExecutor(t, cfg)
+	s := schedulerFor(t, e, cfg)
+	prompt := make([]uint32, 40)
+	for i := range prompt {
+		prompt[i] = uint32(500 + i*37%3000)
+	}
+	for _, id := range []string{"ranks", "plain"} {
+		sp := engine.SamplingParams{MaxTokens: 1, IgnoreEOS: true, PromptLogprobs: true, TopLogprobs: 2, PromptRanks: id == "ranks"}
+		if err := s.Add(engine.NewRequest{ID: id, Prompt: prompt, Sampling: sp}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string][]*engine.TokenLogprobs{}
+	steps(t, s, e, func(o engine.Output) { got[o.ID] = append(got[o.ID], o.PromptLogprobs...) })
+	ranked, plain := got["ranks"], got["plain"]
+	if len(ranked) != len(prompt)-1 || len(plain) != len(prompt)-1 {
+		t.Fatalf("%d and %d prompt log-probabilities, want %d each", len(ranked), len(plain), len(prompt)-1)
+	}
+	for i := range ranked {
+		if ranked[i].Rank < 1 || plain[i].Rank != 0 || math.Abs(float64(ranked[i].Logprob-plain[i].Logprob)) > 1e-4 {
+			t.Fatalf("token %d: rank %d asked, %d not asked; log-probabilities %v and %v", i+1, ranked[i].Rank, plain[i].Rank, ranked[i].Logprob, plain[i].Logprob)
+		}
 	}
 }

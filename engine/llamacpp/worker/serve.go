@@ -179,8 +179,11 @@ func (s *server) promptLogprobs(st *dpnodev1.ExecuteStep, done *dpnodev1.StepDon
 			target, row := q.PromptLogprobTargets[j], rows[j]
 			var top [sampling.MaxTopLogprobs]sampling.Logprob
 			lse, n := smp.Logprobs(row, top[:q.PromptTopLogprobs])
-			lp := &dpnodev1.TokenLogprobs{Logprob: row[target] - lse, TopTokenIds: make([]uint32, n), TopLogprobs: make([]float32, n),
-				Rank: uint32(sampling.Rank(row, int32(target)))}
+			lp := &dpnodev1.TokenLogprobs{Logprob: row[target] - lse, TopTokenIds: make([]uint32, n), TopLogprobs: make([]float32, n)}
+			if q.PromptRanks {
+				// As much again as the log-probabilities: only when asked.
+				lp.Rank = uint32(sampling.Rank(row, int32(target)))
+			}
 			for k := range n {
 				lp.TopTokenIds[k], lp.TopLogprobs[k] = uint32(top[k].Token), top[k].Logprob
 			}

@@ -122,6 +122,10 @@ type SamplingParams struct {
 	// with top_logprobs more each; the prompt is then computed whole, the
 	// prefix cache unused.
 	PromptLogprobs bool `protobuf:"varint,16,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	// With prompt_logprobs, also each prompt token's rank among the
+	// vocabulary (vLLM's prompt_logprobs report it; echo with logprobs does
+	// not): a second pass over each row.
+	PromptRanks bool `protobuf:"varint,18,opt,name=prompt_ranks,json=promptRanks,proto3" json:"prompt_ranks,omitempty"`
 	// A GBNF grammar (start rule root) the output must match: structured
 	// output, which the API server turned a schema, a regex or a choice
 	// into, and checked. Empty is unconstrained.
@@ -268,6 +272,13 @@ func (x *SamplingParams) GetTopLogprobs() int32 {
 func (x *SamplingParams) GetPromptLogprobs() bool {
 	if x != nil {
 		return x.PromptLogprobs
+	}
+	return false
+}
+
+func (x *SamplingParams) GetPromptRanks() bool {
+	if x != nil {
+		return x.PromptRanks
 	}
 	return false
 }
@@ -1020,7 +1031,7 @@ var File_dpnode_v1_engine_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\n" +
-	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\xa6\x05\n" +
+	"\x16dpnode/v1/engine.proto\x12\tdpnode.v1\"\xc9\x05\n" +
 	"\x0eSamplingParams\x12\x1d\n" +
 	"\n" +
 	"max_tokens\x18\x01 \x01(\rR\tmaxTokens\x12\x1d\n" +
@@ -1042,7 +1053,8 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"logit_bias\x18\r \x03(\v2(.dpnode.v1.SamplingParams.LogitBiasEntryR\tlogitBias\x12\x1a\n" +
 	"\blogprobs\x18\x0e \x01(\bR\blogprobs\x12!\n" +
 	"\ftop_logprobs\x18\x0f \x01(\x05R\vtopLogprobs\x12'\n" +
-	"\x0fprompt_logprobs\x18\x10 \x01(\bR\x0epromptLogprobs\x12\x18\n" +
+	"\x0fprompt_logprobs\x18\x10 \x01(\bR\x0epromptLogprobs\x12!\n" +
+	"\fprompt_ranks\x18\x12 \x01(\bR\vpromptRanks\x12\x18\n" +
 	"\agrammar\x18\x11 \x01(\tR\agrammar\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\rR\x03key\x12\x14\n" +

@@ -1073,8 +1073,11 @@ type StepSequence struct {
 	// log-probability (and top_logprobs more) the step returns.
 	PromptLogprobTargets []uint32 `protobuf:"varint,5,rep,packed,name=prompt_logprob_targets,json=promptLogprobTargets,proto3" json:"prompt_logprob_targets,omitempty"`
 	PromptTopLogprobs    int32    `protobuf:"varint,6,opt,name=prompt_top_logprobs,json=promptTopLogprobs,proto3" json:"prompt_top_logprobs,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Also each target's rank among the vocabulary: a second pass over each
+	// row, done only when asked.
+	PromptRanks   bool `protobuf:"varint,7,opt,name=prompt_ranks,json=promptRanks,proto3" json:"prompt_ranks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StepSequence) Reset() {
@@ -1147,6 +1150,13 @@ func (x *StepSequence) GetPromptTopLogprobs() int32 {
 		return x.PromptTopLogprobs
 	}
 	return 0
+}
+
+func (x *StepSequence) GetPromptRanks() bool {
+	if x != nil {
+		return x.PromptRanks
+	}
+	return false
 }
 
 // SampleParams say how one token is sampled.
@@ -1913,14 +1923,15 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\bKVRemove\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x12\x0e\n" +
 	"\x02p0\x18\x02 \x01(\x05R\x02p0\x12\x0e\n" +
-	"\x02p1\x18\x03 \x01(\x05R\x02p1\"\xe1\x01\n" +
+	"\x02p1\x18\x03 \x01(\x05R\x02p1\"\x84\x02\n" +
 	"\fStepSequence\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x05R\x03seq\x12\x10\n" +
 	"\x03pos\x18\x02 \x01(\x05R\x03pos\x12\x16\n" +
 	"\x06tokens\x18\x03 \x03(\rR\x06tokens\x12/\n" +
 	"\x06sample\x18\x04 \x01(\v2\x17.dpnode.v1.SampleParamsR\x06sample\x124\n" +
 	"\x16prompt_logprob_targets\x18\x05 \x03(\rR\x14promptLogprobTargets\x12.\n" +
-	"\x13prompt_top_logprobs\x18\x06 \x01(\x05R\x11promptTopLogprobs\"\xc1\x04\n" +
+	"\x13prompt_top_logprobs\x18\x06 \x01(\x05R\x11promptTopLogprobs\x12!\n" +
+	"\fprompt_ranks\x18\a \x01(\bR\vpromptRanks\"\xc1\x04\n" +
 	"\fSampleParams\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x13\n" +

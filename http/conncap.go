@@ -228,11 +228,3 @@ func (c *ConnCap) state(conn net.Conn, st http.ConnState) {
 		c.open.Dec()
 	}
 }
-
-// counts returns the connections counted against the cap and those of
-// the reserve.
-func (c *ConnCap) counts() (counted, overflow int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.counted, c.overflow
-}

@@ -1,6 +1,7 @@
 package actors
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -166,6 +167,8 @@ func (c *NodeConfig) PendingMeta() *dpnodev1.NodeMeta {
 // Node is a running node: its actor system and the PIDs the HTTP server
 // and the membership talk to.
 type Node struct {
+	// name is the node's name from Listen; cfg is set by Start.
+	name      string
 	cfg       NodeConfig
 	system    *actor.ActorSystem
 	remote    *remote.Remote
@@ -183,32 +186,109 @@ type Node struct {
 	roster atomic.Pointer[dp.Roster]
 }
 
-// StartNode starts a node's actors and returns once its engines run.
+// StartNode starts a node's actors and returns once its engines run:
+// Listen, then Start.
 func StartNode(cfg NodeConfig) (*Node, error) {
-	if err := cfg.validate(); err != nil {
+	n, err := Listen(cfg.Name, cfg.Remote, cfg.Logger)
+	if err != nil {
 		return nil, err
+	}
+	if err := n.Start(cfg); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// identityID is the actor that answers Identify.
+const identityID = "identity"
+
+// Listen starts a node's actor system and, given a transport, serves it
+// to other nodes: the first step of a start. A node that joins an elastic
+// deployment listens before it asks for its ranks, so that the cluster
+// can check its certificate and its name (Identify) before it counts it;
+// Start then starts its actors. name is the node's name, unique per
+// incarnation.
+func Listen(name string, transport *remote.Config, logger *slog.Logger) (*Node, error) {
+	if logger == nil {
+		logger = slog.Default()
 	}
 	system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
 		// protoactor logs every dead letter and lifecycle step at Info;
 		// only its warnings concern an operator.
-		return slog.New(minLevel{cfg.Logger.Handler(), slog.LevelWarn}).With("component", "protoactor")
+		return slog.New(minLevel{logger.Handler(), slog.LevelWarn}).With("component", "protoactor")
 	}))
-	n := &Node{cfg: cfg, system: system, failed: make(chan struct{}), metrics: NewMetrics(cfg.Registry, cfg.Model)}
-	n.roster.Store(&cfg.Roster)
-	if cfg.Remote != nil {
+	n := &Node{name: name, system: system, failed: make(chan struct{})}
+	if transport != nil {
 		// remote.Start panics when it cannot listen; find out first.
-		ln, err := net.Listen("tcp", cfg.Remote.Address())
+		ln, err := net.Listen("tcp", transport.Address())
 		if err != nil {
 			system.Shutdown()
-			return nil, fmt.Errorf("actors: the actor transport cannot listen on %s: %w", cfg.Remote.Address(), err)
+			return nil, fmt.Errorf("actors: the actor transport cannot listen on %s: %w", transport.Address(), err)
 		}
 		ln.Close()
-		n.remote = remote.NewRemote(system, cfg.Remote)
+		n.remote = remote.NewRemote(system, transport)
 		// Start sets gRPC's process-wide logger, which the gRPC goroutines
 		// of any other node of the process read unsynchronized: a process
 		// runs one node with a transport at a time (tests included).
 		n.remote.Start()
 	}
+	identity := &dpnodev1.Identity{Name: name}
+	if _, err := system.Root.SpawnNamed(actor.PropsFromFunc(func(ctx actor.Context) {
+		if _, ok := ctx.Message().(*dpnodev1.Identify); ok {
+			ctx.Respond(identity)
+		}
+	}), identityID); err != nil {
+		n.shutdownSystem()
+		return nil, fmt.Errorf("actors: starting the identity actor: %w", err)
+	}
+	return n, nil
+}
+
+// Address is where the node's actor system listens ("nonhost" without a
+// transport).
+func (n *Node) Address() string { return n.system.Address() }
+
+// Identify asks the node whose actor system listens at address for its
+// name, within ctx's deadline (a second without one).
+func (n *Node) Identify(ctx context.Context, address string) (string, error) {
+	timeout := time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	res, err := n.system.Root.RequestFuture(actor.NewPID(address, identityID), &dpnodev1.Identify{}, timeout).Result()
+	if err != nil {
+		return "", err
+	}
+	id, ok := res.(*dpnodev1.Identity)
+	if !ok {
+		return "", fmt.Errorf("actors: %s answered %T to Identify", address, res)
+	}
+	return id.Name, nil
+}
+
+// SendClaim sends a claim for ranks, or a release, to the node actor of
+// the node whose actor system listens at address.
+func (n *Node) SendClaim(address string, c *dpnodev1.RankClaim) {
+	n.system.Root.Send(actor.NewPID(address, nodeID), c)
+}
+
+// Start starts the node's actors on the system Listen started, and
+// returns once its engines run. cfg.Name, when set, must be the name the
+// node listened with; cfg.Remote is not read. On an error the node is
+// stopped.
+func (n *Node) Start(cfg NodeConfig) error {
+	cfg.Name = cmp.Or(cfg.Name, n.name)
+	err := cfg.validate()
+	if err == nil && cfg.Name != n.name {
+		err = fmt.Errorf("actors: the node listened as %s and starts as %s", n.name, cfg.Name)
+	}
+	if err != nil {
+		n.shutdownSystem()
+		return err
+	}
+	system := n.system
+	n.cfg, n.metrics = cfg, NewMetrics(cfg.Registry, cfg.Model)
+	n.roster.Store(&cfg.Roster)
 	n.meta = cfg.PendingMeta()
 	n.meta.ActorAddress, n.meta.HttpAddress = system.Address(), cfg.HTTPAddress
 	n.meta.StartRank, n.meta.LocalSize = uint32(cfg.Topology.StartRank), uint32(cfg.Topology.LocalSize)
@@ -219,13 +299,13 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	pid, err := system.Root.SpawnNamed(props, nodeID)
 	if err != nil {
 		n.shutdownSystem()
-		return nil, fmt.Errorf("actors: starting the node actor: %w", err)
+		return fmt.Errorf("actors: starting the node actor: %w", err)
 	}
 	n.root = pid
 	res, err := system.Root.RequestFuture(pid, &getChildren{}, 10*time.Second).Result()
 	if err != nil {
 		n.Stop()
-		return nil, fmt.Errorf("actors: the node actor did not start: %w", err)
+		return fmt.Errorf("actors: the node actor did not start: %w", err)
 	}
 	n.apiServer = res.(*children).apiServer
 	// Serving before every engine is up would send the first burst to
@@ -233,17 +313,17 @@ func StartNode(cfg NodeConfig) (*Node, error) {
 	res, err = system.Root.RequestFuture(n.apiServer, &awaitReady{}, cfg.StartTimeout).Result()
 	if err != nil {
 		n.Stop()
-		return nil, fmt.Errorf("actors: the engines did not start within %v: %w", cfg.StartTimeout, err)
+		return fmt.Errorf("actors: the engines did not start within %v: %w", cfg.StartTimeout, err)
 	}
 	if err := res.(*ready).err; err != nil {
 		n.Stop()
-		return nil, err
+		return err
 	}
-	return n, nil
+	return nil
 }
 
 // Name is the node's name, unique per incarnation.
-func (n *Node) Name() string { return n.cfg.Name }
+func (n *Node) Name() string { return n.name }
 
 // Meta is what the node gossips about itself.
 func (n *Node) Meta() *dpnodev1.NodeMeta { return n.meta }
@@ -584,6 +664,15 @@ func (n *nodeActor) Receive(ctx actor.Context) {
 		n.adoptRoster(ctx)
 	case *claimRanks:
 		n.claim(ctx, msg)
+	case *dpnodev1.RankClaim:
+		// Another node's claim, over the actor transport: only a node
+		// that gossip counts (a member, or one that waits for its ranks)
+		// claims or gives back ranks, and only its own.
+		if msg.Count > dp.MaxRanks || !n.keyLive(msg.Node) {
+			n.cfg.Logger.Debug("ignored a claim for ranks from a node gossip does not count", "node", msg.Node)
+			return
+		}
+		n.claim(ctx, &claimRanks{claim: dp.Claim{Node: msg.Node, Start: int(msg.StartRank), Count: int(msg.Count), Experts: int(msg.Experts)}, release: msg.Release})
 	}
 }
 

@@ -63,11 +63,22 @@ type MembershipConfig struct {
 	// Roster is the roster the node starts with: dp.Roster{Fixed: size},
 	// or an empty elastic one; gossip brings newer ones.
 	Roster dp.Roster
-	// VerifyPeer, when set, checks the actor transport at a peer's actor
-	// address (TLSFiles.verifier): a peer whose metadata names one is a
-	// member only once it showed there a certificate of the cluster's CA.
+	// VerifyPeer, when set, checks the actor transport at the actor
+	// address a peer gossips (its actor_address, or while it waits for
+	// its ranks its joining_actor_address): a certificate of the
+	// cluster's CA there, and the peer's name. A peer is a member only
+	// once it passed; a peer that gossips no address to check is none.
 	// The gossip key alone does not make a member.
-	VerifyPeer func(ctx context.Context, address string) error
+	VerifyPeer func(ctx context.Context, name, address string) error
+	// SendClaim sends a claim for ranks, or a release, to the node actor
+	// at a member's actor address (actors.Node.SendClaim): claims travel
+	// over the actor transport, whose peers are authenticated, and never
+	// by gossip, whose messages say nothing of who sent them.
+	SendClaim func(address string, c *dpnodev1.RankClaim)
+	// RosterSeal, when set, signs the rosters this node decides, and
+	// rosters are adopted only signed by a certificate it accepts (cluster
+	// TLS): the gossip key alone does not hand out ranks.
+	RosterSeal RosterSeal
 	Logger     *slog.Logger
 }
 
@@ -334,12 +345,13 @@ func (m *Membership) Roster() dp.Roster {
 // only within a UDP packet, and a roster of a few dozen nodes outgrows
 // one; the roster a claimant has not heard of yet, to it.
 func (m *Membership) Publish(r dp.Roster, claimant string) {
-	b := encodeRoster(r)
-	if m.d.adopt(r) {
-		m.sendAll(b)
+	if m.d.adopt(r, nil) {
+		m.sendAll(m.d.rosterMessage())
 		return
 	}
-	m.sendTo(claimant, encodeRoster(m.d.currentRoster()))
+	if b := m.d.rosterMessage(); b != nil {
+		m.sendTo(claimant, b)
+	}
 }
 
 // sendTo sends b over TCP to the other members whose roster identity is
@@ -359,6 +371,22 @@ func (m *Membership) sendAll(b []byte) {
 		if n.Name != m.d.cfg.Name {
 			go func() { _ = m.list.SendReliable(n, b) }()
 		}
+	}
+}
+
+// sendClaim sends c to the node actor of every member that serves (the
+// coordinator's node is one of them); members that wait for their ranks
+// have none yet.
+func (m *Membership) sendClaim(c *dpnodev1.RankClaim) {
+	if m.d.cfg.SendClaim == nil {
+		return
+	}
+	for _, n := range m.list.Members() {
+		var meta dpnodev1.NodeMeta
+		if n.Name == m.d.cfg.Name || proto.Unmarshal(n.Meta, &meta) != nil || meta.ActorAddress == "" {
+			continue
+		}
+		m.d.cfg.SendClaim(meta.ActorAddress, c)
 	}
 }
 
@@ -418,7 +446,7 @@ func (m *Membership) Claim(ctx context.Context, c dp.Claim, founder bool) (dp.Ho
 				next, _ = next.Commit(c.Node, next.Epoch)
 				next.Version = 1
 				m.d.cfg.Logger.Info("no roster yet: this node founds the deployment", "ranks", next.Holds[0].String())
-				m.d.adopt(next)
+				m.d.adopt(next, nil)
 			}
 			return dp.Hold{}, false, nil
 		})
@@ -441,7 +469,6 @@ func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim,
 	d.mu.Lock()
 	d.claimRefusal = nil
 	d.mu.Unlock()
-	b := mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Claim{Claim: claim}})
 	var next time.Time
 	for {
 		d.mu.Lock()
@@ -462,7 +489,7 @@ func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim,
 			if onClaim != nil {
 				onClaim(dp.Claim{Node: claim.Node, Start: int(claim.StartRank), Count: int(claim.Count), Experts: int(claim.Experts)}, claim.Release)
 			}
-			m.sendAll(b)
+			m.sendClaim(claim)
 		}
 		t := time.NewTimer(time.Until(next))
 		select {
@@ -484,12 +511,21 @@ func mustMarshal(msg proto.Message) []byte {
 	return b
 }
 
-func encodeRoster(r dp.Roster) []byte {
+// encodeRoster is the gossip message of a roster this node decided:
+// signed with seal, when there is one.
+func encodeRoster(r dp.Roster, seal RosterSeal) ([]byte, error) {
 	pr := &dpnodev1.Roster{Version: r.Version, Epoch: r.Epoch, FixedSize: uint32(r.Fixed)}
 	for _, h := range r.Holds {
 		pr.Holds = append(pr.Holds, &dpnodev1.RankHold{Node: h.Node, StartRank: uint32(h.Start), Count: uint32(h.Count)})
 	}
-	return mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Roster{Roster: pr}})
+	if seal == nil {
+		return mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Roster{Roster: pr}}), nil
+	}
+	signed, err := seal.Sign(mustMarshal(pr))
+	if err != nil {
+		return nil, err
+	}
+	return mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_SignedRoster{SignedRoster: signed}}), nil
 }
 
 // decodeRoster reads a gossiped roster, refusing one whose holds overlap
@@ -524,7 +560,12 @@ type delegate struct {
 	selfAddr atomic.Pointer[string]
 	// joining is true while this node's own Join runs.
 	joining atomic.Bool
-	queue   *memberlist.TransmitLimitedQueue
+	// gossipClaims is set once a claim came by gossip (and was ignored).
+	gossipClaims atomic.Bool
+	// rosterWarned is when a roster was last ignored with a warning, in
+	// Unix nanoseconds.
+	rosterWarned atomic.Int64
+	queue        *memberlist.TransmitLimitedQueue
 
 	mu      sync.Mutex
 	list    *memberlist.Memberlist
@@ -533,7 +574,9 @@ type delegate struct {
 	meta    []byte
 	// roster is the newest heard of; changed is closed and replaced when
 	// it changes, or a claim of this node's is refused (claimRefusal).
-	roster       dp.Roster
+	roster dp.Roster
+	// rosterMsg is roster's gossip message, as it came or was signed.
+	rosterMsg    []byte
 	changed      chan struct{}
 	claimRefusal error
 	// The running node's handlers; events before it attached are kept in
@@ -577,20 +620,35 @@ func (d *delegate) currentRoster() dp.Roster {
 }
 
 // adopt keeps r when it is newer than the roster held, gossips it on and
-// hands it to the node; it says whether it did. A roster of another kind
-// (a fixed size where this node's is elastic) is not this cluster's.
-func (d *delegate) adopt(r dp.Roster) bool {
+// hands it to the node; it says whether it did. msg is the gossip message
+// r came in, passed on as it is (its signer's signature with it); nil for
+// a roster this node decided, which it encodes and signs. A roster of
+// another kind (a fixed size where this node's is elastic) is not this
+// cluster's.
+func (d *delegate) adopt(r dp.Roster, msg []byte) bool {
+	if msg == nil {
+		// Signed only when it will be kept: a coordinator publishes
+		// its roster again for every claimant that has not heard of it.
+		if cur := d.currentRoster(); r.Fixed != cur.Fixed || !r.Newer(cur) {
+			return false
+		}
+		var err error
+		if msg, err = encodeRoster(r, d.cfg.RosterSeal); err != nil {
+			d.cfg.Logger.Error("cannot spread a roster this node decided", "error", err)
+			return false
+		}
+	}
 	d.mu.Lock()
 	if r.Fixed != d.roster.Fixed || !r.Newer(d.roster) {
 		d.mu.Unlock()
 		return false
 	}
-	d.roster = r
+	d.roster, d.rosterMsg = r, msg
 	close(d.changed)
 	d.changed = make(chan struct{})
 	onRoster := d.onRoster
 	d.mu.Unlock()
-	d.queue.QueueBroadcast(rosterBroadcast(encodeRoster(r)))
+	d.queue.QueueBroadcast(rosterBroadcast(msg))
 	if onRoster != nil {
 		onRoster(r)
 	}
@@ -598,8 +656,7 @@ func (d *delegate) adopt(r dp.Roster) bool {
 }
 
 // receive acts on a gossip message: a roster is adopted when newer, a
-// claim goes to the node (its coordinator decides), a refusal of this
-// node's claim ends the wait for ranks.
+// refusal of this node's claim ends the wait for ranks.
 func (d *delegate) receive(b []byte) {
 	var msg dpnodev1.GossipMessage
 	if err := proto.Unmarshal(b, &msg); err != nil {
@@ -608,22 +665,39 @@ func (d *delegate) receive(b []byte) {
 	}
 	switch body := msg.Body.(type) {
 	case *dpnodev1.GossipMessage_Roster:
+		if d.cfg.RosterSeal != nil {
+			d.warnRoster(errors.New("cluster: an unsigned roster, under cluster TLS"))
+			return
+		}
 		r, err := decodeRoster(body.Roster)
 		if err != nil {
-			d.cfg.Logger.Warn("ignoring a roster", "error", err)
+			d.warnRoster(err)
 			return
 		}
-		d.adopt(r)
+		d.adopt(r, b)
+	case *dpnodev1.GossipMessage_SignedRoster:
+		if d.cfg.RosterSeal != nil {
+			if err := d.cfg.RosterSeal.Check(body.SignedRoster); err != nil {
+				d.warnRoster(err)
+				return
+			}
+		}
+		var pr dpnodev1.Roster
+		if err := proto.Unmarshal(body.SignedRoster.Roster, &pr); err != nil {
+			d.warnRoster(err)
+			return
+		}
+		r, err := decodeRoster(&pr)
+		if err != nil {
+			d.warnRoster(err)
+			return
+		}
+		d.adopt(r, b)
 	case *dpnodev1.GossipMessage_Claim:
-		c := body.Claim
-		if c.Count > dp.MaxRanks {
-			return
-		}
-		d.mu.Lock()
-		onClaim := d.onClaim
-		d.mu.Unlock()
-		if onClaim != nil {
-			onClaim(dp.Claim{Node: c.Node, Start: int(c.StartRank), Count: int(c.Count), Experts: int(c.Experts)}, c.Release)
+		// Anyone with the gossip key could send one, naming any node:
+		// claims come over the actor transport only.
+		if d.gossipClaims.CompareAndSwap(false, true) {
+			d.cfg.Logger.Warn("ignoring a claim for ranks sent by gossip: claims come over the actor transport, from a node of this version or newer", "node", body.Claim.Node)
 		}
 	case *dpnodev1.GossipMessage_Refused:
 		if body.Refused.Node != d.key() {
@@ -662,7 +736,27 @@ func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
 // LocalState implements memberlist.Delegate: the roster, so that a node
 // that joins has it from its first exchange, and a roster whose broadcast
 // was missed arrives with the next full sync.
-func (d *delegate) LocalState(bool) []byte { return encodeRoster(d.currentRoster()) }
+func (d *delegate) LocalState(bool) []byte { return d.rosterMessage() }
+
+// rosterMessage is the gossip message of the roster held; nil before
+// there is one.
+func (d *delegate) rosterMessage() []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.rosterMsg
+}
+
+// warnRoster says why a roster was ignored, at most once per
+// warnRosterEvery: a peer with the gossip key can send many.
+func (d *delegate) warnRoster(err error) {
+	now := time.Now().UnixNano()
+	last := d.rosterWarned.Load()
+	if now-last >= int64(warnRosterEvery) && d.rosterWarned.CompareAndSwap(last, now) {
+		d.cfg.Logger.Warn("ignoring a roster", "error", err)
+	}
+}
+
+const warnRosterEvery = 10 * time.Second
 
 // MergeRemoteState implements memberlist.Delegate.
 func (d *delegate) MergeRemoteState(b []byte, _ bool) {
@@ -735,14 +829,14 @@ func (d *delegate) conflict(peer *memberlist.Node) (meta *dpnodev1.NodeMeta, ran
 	if err != nil {
 		return meta, true, err
 	}
-	return meta, false, d.verify(peer.Name, meta.ActorAddress)
+	return meta, false, d.verify(peer.Name, cmp.Or(meta.ActorAddress, meta.JoiningActorAddress))
 }
 
 // verifyTimeout bounds a peer's check, which runs on memberlist's
 // goroutine; verifyRetry is how long a failed one stands before the peer
 // is checked again.
 const (
-	verifyTimeout = time.Second
+	verifyTimeout = 2 * time.Second
 	verifyRetry   = 5 * time.Second
 )
 
@@ -755,8 +849,11 @@ type verified struct {
 // verify checks the peer at address once (VerifyPeer), and again after a
 // failure once verifyRetry has passed.
 func (d *delegate) verify(name, address string) error {
-	if d.cfg.VerifyPeer == nil || address == "" {
+	if d.cfg.VerifyPeer == nil {
 		return nil
+	}
+	if address == "" {
+		return fmt.Errorf("cluster: %s gossips no actor address at which to check its certificate (a node from before they were checked?): it is not counted as a member", name)
 	}
 	key := name + " " + address
 	d.mu.Lock()
@@ -767,9 +864,9 @@ func (d *delegate) verify(name, address string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), verifyTimeout)
 	defer cancel()
-	err := d.cfg.VerifyPeer(ctx, address)
+	err := d.cfg.VerifyPeer(ctx, name, address)
 	if err != nil {
-		err = fmt.Errorf("cluster: %s showed no certificate of this cluster's CA at %s (%w): it is not counted as a member", name, address, err)
+		err = fmt.Errorf("cluster: %s is not counted as a member: %w", name, err)
 		d.cfg.Logger.Warn(err.Error())
 	}
 	d.mu.Lock()

@@ -393,7 +393,7 @@ func TestMemberNeedsACertificateOfTheCA(t *testing.T) {
 	intruder := theirs.Node(t, "intruder")
 	intruder.CA = ours.Node(t, "unused").CA
 	_, _ = launch(t, "127.0.0.107", args("127.0.0.107", intruder, 1, "127.0.0.106:7946")...)
-	a.waitLog(`showed no certificate of this cluster's CA`, 10*time.Second)
+	a.waitLog(`is not counted as a member: it showed no certificate of this cluster.s CA`, 10*time.Second)
 	b := startProc(t, "127.0.0.108", args("127.0.0.108", ours.Node(t, "b"), 1, "127.0.0.106:7946")...)
 	a.waitView("rank 1's owner, not the intruder, is the other member", 10*time.Second, func(v clusterView) bool {
 		return len(v.Nodes) == 2 && slices.ContainsFunc(v.Nodes, func(n struct {
@@ -402,6 +402,45 @@ func TestMemberNeedsACertificateOfTheCA(t *testing.T) {
 			return n.Name == b.name
 		})
 	})
+}
+
+// TestJoiningNodeNeedsACertificateOfTheCA: in an elastic deployment a
+// node joins gossip to be given its ranks before it serves. One with the
+// gossip key but another CA's certificate is checked at the actor
+// transport it listens on while it waits: it is not counted, gets no
+// ranks, and the real node that joins after it gets rank 1. Before, a
+// node waiting for ranks was counted on the gossip key alone, and its
+// claim took a rank.
+func TestJoiningNodeNeedsACertificateOfTheCA(t *testing.T) {
+	ours, theirs := cluster.NewTestCA(t, "cluster"), cluster.NewTestCA(t, "other")
+	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{'k'}, 32))
+	args := func(ip string, files cluster.TLSFiles, seeds ...string) []string {
+		a := nodeArgs(ip, "--host", ip, "--port", "0", "--gossip-key", key, "--join-timeout", "5s",
+			"--cluster-tls-cert", files.Cert, "--cluster-tls-key", files.Key, "--cluster-tls-ca", files.CA,
+			"--data-parallel-size", "auto", "--data-parallel-size-local", "1")
+		if len(seeds) > 0 {
+			a = append(a, "--seeds", strings.Join(seeds, ","))
+		}
+		return a
+	}
+	a := startProc(t, "127.0.0.109", args("127.0.0.109", ours.Node(t, "a"))...)
+	intruder := theirs.Node(t, "intruder")
+	intruder.CA = ours.Node(t, "unused").CA
+	_, _ = launch(t, "127.0.0.110", args("127.0.0.110", intruder, "127.0.0.109:7946")...)
+	a.waitLog(`is not counted as a member: it showed no certificate of this cluster.s CA`, 10*time.Second)
+	b := startProc(t, "127.0.0.111", args("127.0.0.111", ours.Node(t, "b"), "127.0.0.109:7946")...)
+	a.waitView("the real node holds rank 1", 20*time.Second, func(v clusterView) bool {
+		return v.Size == 2 && len(v.Nodes) == 2 && slices.ContainsFunc(v.Nodes, func(n struct {
+			Name string `json:"name"`
+		}) bool {
+			return n.Name == b.name
+		})
+	})
+	for node, h := range holdsOf(t, a) {
+		if strings.Contains(node, "127.0.0.110") {
+			t.Errorf("the intruder %s holds ranks %v", node, h)
+		}
+	}
 }
 
 func TestGossipKey(t *testing.T) {

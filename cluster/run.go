@@ -142,8 +142,27 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	if o.Hostname == "" {
 		o.Hostname, _ = os.Hostname()
 	}
+	// The actor transport listens first: a node that asks for its ranks
+	// shows its certificate and its name there while it waits.
+	for attempt := 1; ; attempt++ {
+		r.node, err = actors.Listen(nodeName(o.Hostname, transport), transport, o.Logger)
+		// A port found free can be taken before the transport listens on
+		// it, by another process or as an outgoing connection's ephemeral
+		// port: when dpnode chose it, it chooses again.
+		if err == nil || o.RPCPort != 0 || attempt == 5 || !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+		if transport, err = transportConfig(bindHost, advHost, o.RPCPort, o.TLS, secret); err != nil {
+			break
+		}
+	}
+	if err != nil {
+		closeListener()
+		return nil, err
+	}
+	stopNode := r.node.Stop
 	cfg := actors.DefaultNodeConfig()
-	cfg.Name = nodeName(o.Hostname, transport)
+	cfg.Name = r.node.Name()
 	cfg.NodeID = o.NodeID
 	cfg.Model = p.served
 	cfg.Topology = topo
@@ -161,10 +180,16 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		JoinTimeout: o.JoinTimeout,
 		SecretKey:   p.gossipKey,
 		Profile:     o.GossipProfile,
+		SendClaim:   r.node.SendClaim,
 		Logger:      o.Logger,
 	}
 	if o.TLS.set() {
-		if mcfg.VerifyPeer, err = o.TLS.verifier(); err != nil {
+		mcfg.VerifyPeer, err = o.TLS.verifier(r.node.Identify)
+		if err == nil {
+			mcfg.RosterSeal, err = o.TLS.RosterSeal()
+		}
+		if err != nil {
+			stopNode()
 			closeListener()
 			return nil, err
 		}
@@ -173,7 +198,9 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		// The coordinator gives the node its ranks: it joins gossip
 		// first, without ranks, and asks.
 		mcfg.Meta = cfg.PendingMeta()
+		mcfg.Meta.JoiningActorAddress = r.node.Address()
 		if r.membership, err = StartMembership(ctx, mcfg); err != nil {
+			stopNode()
 			closeListener()
 			return nil, err
 		}
@@ -187,6 +214,7 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		cancel()
 		if err != nil {
 			r.membership.Leave(time.Second)
+			stopNode()
 			closeListener()
 			return nil, fmt.Errorf("cluster: this node got no ranks: %w", err)
 		}
@@ -203,6 +231,7 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	eng, err := p.newEngine(o, inv, topo)
 	if err != nil {
 		leave()
+		stopNode()
 		closeListener()
 		return nil, err
 	}
@@ -211,6 +240,8 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if r.conns != nil {
 		if err := r.conns.Register(reg); err != nil {
+			leave()
+			stopNode()
 			closeListener()
 			eng.close()
 			return nil, err
@@ -220,7 +251,6 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	cfg.Scheduler = p.scheduler
 	cfg.Registry = reg
 	cfg.Logger = o.Logger
-	cfg.Remote = transport
 	cfg.HTTPAddress = httpAddr
 	cfg.AwaitMembership = true
 	cfg.Migration, cfg.MaxMigrations = o.Migration, o.MaxMigrations
@@ -238,6 +268,7 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	// the number of API servers, which a node does not know in advance.
 	if cfg.Policy, err = dp.NewPolicy(o.BalancePolicy, dp.PolicyConfig{APIServers: 1, StepTokens: p.scheduler.MaxNumBatchedTokens, Seed: mrand.Uint64()}); err != nil {
 		leave()
+		stopNode()
 		closeListener()
 		eng.close()
 		return nil, err
@@ -248,24 +279,8 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	if eng.startTimeout > 0 {
 		cfg.StartTimeout = eng.startTimeout
 	}
-	for attempt := 1; ; attempt++ {
-		r.node, err = actors.StartNode(cfg)
-		// A port found free can be taken before the transport listens on
-		// it, by another process or as an outgoing connection's ephemeral
-		// port: when dpnode chose it, it chooses again. The name stays
-		// when gossip already knows it.
-		if err == nil || o.RPCPort != 0 || attempt == 5 || !errors.Is(err, syscall.EADDRINUSE) {
-			break
-		}
-		if transport, err = transportConfig(bindHost, advHost, o.RPCPort, o.TLS, secret); err != nil {
-			break
-		}
-		cfg.Remote = transport
-		if r.membership == nil {
-			cfg.Name = nodeName(o.Hostname, transport)
-		}
-	}
-	if err != nil {
+	if err = r.node.Start(cfg); err != nil {
+		// Start stopped the node.
 		leave()
 		closeListener()
 		eng.close()

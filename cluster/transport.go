@@ -45,47 +45,81 @@ func (f TLSFiles) credentials() (credentials.TransportCredentials, error) {
 	return credentials.NewTLS(cfg), nil
 }
 
-// verifier returns what checks a peer's actor transport: a TLS handshake
-// in which it shows a certificate of the cluster's CA, as every call
-// between nodes does.
-func (f TLSFiles) verifier() (func(ctx context.Context, address string) error, error) {
+// verifier returns what checks the actor transport a peer gossips: a TLS
+// handshake in which it shows a certificate of the cluster's CA, as every
+// call between nodes does, and then identify (actors.Node.Identify) over
+// the transport, which must answer with the peer's name. The handshake
+// alone proves only that some node of the cluster listens there: a peer
+// could gossip another node's address.
+func (f TLSFiles) verifier(identify func(ctx context.Context, address string) (string, error)) (func(ctx context.Context, name, address string) error, error) {
 	cfg, err := f.config()
 	if err != nil {
 		return nil, err
 	}
-	return func(ctx context.Context, address string) error {
+	return func(ctx context.Context, name, address string) error {
 		d := tls.Dialer{Config: cfg}
 		conn, err := d.DialContext(ctx, "tcp", address)
 		if err != nil {
-			return err
+			return fmt.Errorf("it showed no certificate of this cluster's CA at %s (%w)", address, err)
 		}
-		return conn.Close()
+		conn.Close()
+		got, err := identify(ctx, address)
+		switch {
+		case err != nil:
+			return fmt.Errorf("the node at %s did not say who it is (%w)", address, err)
+		case got != name:
+			return fmt.Errorf("the actor address it gossips, %s, is the node %s's", address, got)
+		}
+		return nil
 	}, nil
 }
 
 // config is the TLS of both ends of the actor transport.
 func (f TLSFiles) config() (*tls.Config, error) {
+	pair, verify, err := f.load()
+	if err != nil {
+		return nil, err
+	}
+	cfg := &tls.Config{
+		Certificates: []tls.Certificate{pair},
+		MinVersion:   tls.VersionTLS13,
+		// Both sides check the other's chain in VerifyPeerCertificate;
+		// the standard check would also want the dialled IP in the
+		// certificate.
+		InsecureSkipVerify: true,
+		ClientAuth:         tls.RequireAnyClientCert,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			_, err := verify(raw)
+			return err
+		},
+	}
+	return cfg, nil
+}
+
+// load reads this node's key pair and the CA, and returns the check of a
+// peer's chain (leaf first, DER) against the CA, which gives the leaf.
+func (f TLSFiles) load() (tls.Certificate, func(raw [][]byte) (*x509.Certificate, error), error) {
 	pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: --cluster-tls-cert/--cluster-tls-key: %w", err)
+		return tls.Certificate{}, nil, fmt.Errorf("cluster: --cluster-tls-cert/--cluster-tls-key: %w", err)
 	}
 	caPEM, err := os.ReadFile(f.CA)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: --cluster-tls-ca: %w", err)
+		return tls.Certificate{}, nil, fmt.Errorf("cluster: --cluster-tls-ca: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("cluster: --cluster-tls-ca %s holds no PEM certificate", f.CA)
+		return tls.Certificate{}, nil, fmt.Errorf("cluster: --cluster-tls-ca %s holds no PEM certificate", f.CA)
 	}
-	verify := func(raw [][]byte, _ [][]*x509.Certificate) error {
+	verify := func(raw [][]byte) (*x509.Certificate, error) {
 		if len(raw) == 0 {
-			return errors.New("cluster: the peer showed no certificate")
+			return nil, errors.New("cluster: the peer showed no certificate")
 		}
 		certs := make([]*x509.Certificate, len(raw))
 		for i, r := range raw {
 			c, err := x509.ParseCertificate(r)
 			if err != nil {
-				return err
+				return nil, err
 			}
 			certs[i] = c
 		}
@@ -94,19 +128,9 @@ func (f TLSFiles) config() (*tls.Config, error) {
 			inter.AddCert(c)
 		}
 		_, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
-		return err
+		return certs[0], err
 	}
-	cfg := &tls.Config{
-		Certificates: []tls.Certificate{pair},
-		MinVersion:   tls.VersionTLS13,
-		// Both sides check the other's chain in VerifyPeerCertificate;
-		// the standard check would also want the dialled IP in the
-		// certificate.
-		InsecureSkipVerify:    true,
-		ClientAuth:            tls.RequireAnyClientCert,
-		VerifyPeerCertificate: verify,
-	}
-	return cfg, nil
+	return pair, verify, nil
 }
 
 // dialTimeout bounds one attempt to connect to a peer's actor transport.

@@ -60,9 +60,14 @@ type NodeMeta struct {
 	// The node's identity in the roster, stable across restarts at other
 	// addresses (--node-id: a pod's name); empty when it is the node's
 	// gossip address.
-	NodeId        string `protobuf:"bytes,14,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NodeId string `protobuf:"bytes,14,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Where the actor transport of a node that waits for its ranks listens:
+	// it has joined gossip to be given them and serves nothing yet, but the
+	// cluster checks its certificate and its name there (Identify) before it
+	// counts it. Empty once the node serves (actor_address).
+	JoiningActorAddress string `protobuf:"bytes,15,opt,name=joining_actor_address,json=joiningActorAddress,proto3" json:"joining_actor_address,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *NodeMeta) Reset() {
@@ -193,6 +198,98 @@ func (x *NodeMeta) GetNodeId() string {
 	return ""
 }
 
+func (x *NodeMeta) GetJoiningActorAddress() string {
+	if x != nil {
+		return x.JoiningActorAddress
+	}
+	return ""
+}
+
+// Identify asks a node's actor system for its name, over the actor
+// transport (mutual TLS, the cluster's secret): gossip counts a peer only
+// when the node at the actor address it gossips answers with the peer's
+// name, so that a peer cannot borrow another node's address.
+type Identify struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Identify) Reset() {
+	*x = Identify{}
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Identify) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Identify) ProtoMessage() {}
+
+func (x *Identify) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Identify.ProtoReflect.Descriptor instead.
+func (*Identify) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+// Identity answers Identify.
+type Identity struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Identity) Reset() {
+	*x = Identity{}
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Identity) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Identity) ProtoMessage() {}
+
+func (x *Identity) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Identity.ProtoReflect.Descriptor instead.
+func (*Identity) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Identity) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // Roster is which node holds which ranks, as the coordinator decided it:
 // cluster state with a version, spread by gossip (dp.Roster).
 type Roster struct {
@@ -209,7 +306,7 @@ type Roster struct {
 
 func (x *Roster) Reset() {
 	*x = Roster{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[1]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -221,7 +318,7 @@ func (x *Roster) String() string {
 func (*Roster) ProtoMessage() {}
 
 func (x *Roster) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[1]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -234,7 +331,7 @@ func (x *Roster) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Roster.ProtoReflect.Descriptor instead.
 func (*Roster) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{1}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Roster) GetVersion() uint64 {
@@ -278,7 +375,7 @@ type RankHold struct {
 
 func (x *RankHold) Reset() {
 	*x = RankHold{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[2]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -290,7 +387,7 @@ func (x *RankHold) String() string {
 func (*RankHold) ProtoMessage() {}
 
 func (x *RankHold) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[2]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -303,7 +400,7 @@ func (x *RankHold) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankHold.ProtoReflect.Descriptor instead.
 func (*RankHold) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{2}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RankHold) GetNode() string {
@@ -328,8 +425,9 @@ func (x *RankHold) GetCount() uint32 {
 }
 
 // RankClaim asks the coordinator for ranks, or (release) gives a leaving
-// node's ranks back. A node sends it to every member until the roster
-// answers it; only the coordinator's node acts on it.
+// node's ranks back. A node sends it over the actor transport to every
+// member's node actor until the roster answers it; only the coordinator's
+// node acts on it, and only for a node that gossip counts.
 type RankClaim struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -346,7 +444,7 @@ type RankClaim struct {
 
 func (x *RankClaim) Reset() {
 	*x = RankClaim{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[3]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -358,7 +456,7 @@ func (x *RankClaim) String() string {
 func (*RankClaim) ProtoMessage() {}
 
 func (x *RankClaim) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[3]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -371,7 +469,7 @@ func (x *RankClaim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankClaim.ProtoReflect.Descriptor instead.
 func (*RankClaim) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{3}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *RankClaim) GetNode() string {
@@ -418,6 +516,7 @@ type GossipMessage struct {
 	//	*GossipMessage_Roster
 	//	*GossipMessage_Claim
 	//	*GossipMessage_Refused
+	//	*GossipMessage_SignedRoster
 	Body          isGossipMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -425,7 +524,7 @@ type GossipMessage struct {
 
 func (x *GossipMessage) Reset() {
 	*x = GossipMessage{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[4]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +536,7 @@ func (x *GossipMessage) String() string {
 func (*GossipMessage) ProtoMessage() {}
 
 func (x *GossipMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[4]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +549,7 @@ func (x *GossipMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GossipMessage.ProtoReflect.Descriptor instead.
 func (*GossipMessage) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{4}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GossipMessage) GetBody() isGossipMessage_Body {
@@ -487,6 +586,15 @@ func (x *GossipMessage) GetRefused() *ClaimRefused {
 	return nil
 }
 
+func (x *GossipMessage) GetSignedRoster() *SignedRoster {
+	if x != nil {
+		if x, ok := x.Body.(*GossipMessage_SignedRoster); ok {
+			return x.SignedRoster
+		}
+	}
+	return nil
+}
+
 type isGossipMessage_Body interface {
 	isGossipMessage_Body()
 }
@@ -496,6 +604,9 @@ type GossipMessage_Roster struct {
 }
 
 type GossipMessage_Claim struct {
+	// No longer sent, and ignored: gossip says nothing of who sent a
+	// message, and anyone with the gossip key could claim or give back
+	// another node's ranks. Claims go over the actor transport.
 	Claim *RankClaim `protobuf:"bytes,2,opt,name=claim,proto3,oneof"`
 }
 
@@ -503,11 +614,85 @@ type GossipMessage_Refused struct {
 	Refused *ClaimRefused `protobuf:"bytes,3,opt,name=refused,proto3,oneof"`
 }
 
+type GossipMessage_SignedRoster struct {
+	// A roster under cluster TLS, where nodes adopt no other: gossip says
+	// nothing of who sent a message, and anyone with the gossip key could
+	// otherwise hand out ranks.
+	SignedRoster *SignedRoster `protobuf:"bytes,4,opt,name=signed_roster,json=signedRoster,proto3,oneof"`
+}
+
 func (*GossipMessage_Roster) isGossipMessage_Body() {}
 
 func (*GossipMessage_Claim) isGossipMessage_Body() {}
 
 func (*GossipMessage_Refused) isGossipMessage_Body() {}
+
+func (*GossipMessage_SignedRoster) isGossipMessage_Body() {}
+
+// SignedRoster is a roster signed by the node that decided it.
+type SignedRoster struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Roster, marshalled: what was signed.
+	Roster []byte `protobuf:"bytes,1,opt,name=roster,proto3" json:"roster,omitempty"`
+	// The signer's certificate chain (DER, leaf first), which leads to the
+	// cluster's CA.
+	Certificates [][]byte `protobuf:"bytes,2,rep,name=certificates,proto3" json:"certificates,omitempty"`
+	// Its signature of roster: ECDSA or RSA over SHA-256, or Ed25519.
+	Signature     []byte `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignedRoster) Reset() {
+	*x = SignedRoster{}
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignedRoster) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignedRoster) ProtoMessage() {}
+
+func (x *SignedRoster) ProtoReflect() protoreflect.Message {
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignedRoster.ProtoReflect.Descriptor instead.
+func (*SignedRoster) Descriptor() ([]byte, []int) {
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SignedRoster) GetRoster() []byte {
+	if x != nil {
+		return x.Roster
+	}
+	return nil
+}
+
+func (x *SignedRoster) GetCertificates() [][]byte {
+	if x != nil {
+		return x.Certificates
+	}
+	return nil
+}
+
+func (x *SignedRoster) GetSignature() []byte {
+	if x != nil {
+		return x.Signature
+	}
+	return nil
+}
 
 // ClaimRefused tells a node why the coordinator gives it no ranks.
 type ClaimRefused struct {
@@ -520,7 +705,7 @@ type ClaimRefused struct {
 
 func (x *ClaimRefused) Reset() {
 	*x = ClaimRefused{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[5]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -532,7 +717,7 @@ func (x *ClaimRefused) String() string {
 func (*ClaimRefused) ProtoMessage() {}
 
 func (x *ClaimRefused) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[5]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -545,7 +730,7 @@ func (x *ClaimRefused) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClaimRefused.ProtoReflect.Descriptor instead.
 func (*ClaimRefused) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{5}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ClaimRefused) GetNode() string {
@@ -572,7 +757,7 @@ type SubscribeRanks struct {
 
 func (x *SubscribeRanks) Reset() {
 	*x = SubscribeRanks{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[6]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -584,7 +769,7 @@ func (x *SubscribeRanks) String() string {
 func (*SubscribeRanks) ProtoMessage() {}
 
 func (x *SubscribeRanks) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[6]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -597,7 +782,7 @@ func (x *SubscribeRanks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRanks.ProtoReflect.Descriptor instead.
 func (*SubscribeRanks) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{6}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{9}
 }
 
 // RankStatus is one rank's state on its node.
@@ -614,7 +799,7 @@ type RankStatus struct {
 
 func (x *RankStatus) Reset() {
 	*x = RankStatus{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[7]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +811,7 @@ func (x *RankStatus) String() string {
 func (*RankStatus) ProtoMessage() {}
 
 func (x *RankStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[7]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +824,7 @@ func (x *RankStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatus.ProtoReflect.Descriptor instead.
 func (*RankStatus) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{7}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RankStatus) GetRank() uint32 {
@@ -673,7 +858,7 @@ type RankStatuses struct {
 
 func (x *RankStatuses) Reset() {
 	*x = RankStatuses{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[8]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -685,7 +870,7 @@ func (x *RankStatuses) String() string {
 func (*RankStatuses) ProtoMessage() {}
 
 func (x *RankStatuses) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[8]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -698,7 +883,7 @@ func (x *RankStatuses) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankStatuses.ProtoReflect.Descriptor instead.
 func (*RankStatuses) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{8}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RankStatuses) GetRanks() []*RankStatus {
@@ -721,7 +906,7 @@ type CoordinatorChanged struct {
 
 func (x *CoordinatorChanged) Reset() {
 	*x = CoordinatorChanged{}
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[9]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +918,7 @@ func (x *CoordinatorChanged) String() string {
 func (*CoordinatorChanged) ProtoMessage() {}
 
 func (x *CoordinatorChanged) ProtoReflect() protoreflect.Message {
-	mi := &file_dpnode_v1_cluster_proto_msgTypes[9]
+	mi := &file_dpnode_v1_cluster_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +931,7 @@ func (x *CoordinatorChanged) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CoordinatorChanged.ProtoReflect.Descriptor instead.
 func (*CoordinatorChanged) Descriptor() ([]byte, []int) {
-	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{9}
+	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *CoordinatorChanged) GetActorAddress() string {
@@ -767,7 +952,7 @@ var File_dpnode_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x17dpnode/v1/cluster.proto\x12\tdpnode.v1\"\xba\x03\n" +
+	"\x17dpnode/v1/cluster.proto\x12\tdpnode.v1\"\xee\x03\n" +
 	"\bNodeMeta\x12#\n" +
 	"\ractor_address\x18\x01 \x01(\tR\factorAddress\x12!\n" +
 	"\fhttp_address\x18\x02 \x01(\tR\vhttpAddress\x12\x1d\n" +
@@ -785,7 +970,12 @@ const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"\bdraining\x18\v \x01(\bR\bdraining\x12\x16\n" +
 	"\x06engine\x18\f \x01(\tR\x06engine\x12\x18\n" +
 	"\aprofile\x18\r \x01(\tR\aprofile\x12\x17\n" +
-	"\anode_id\x18\x0e \x01(\tR\x06nodeId\"\x82\x01\n" +
+	"\anode_id\x18\x0e \x01(\tR\x06nodeId\x122\n" +
+	"\x15joining_actor_address\x18\x0f \x01(\tR\x13joiningActorAddress\"\n" +
+	"\n" +
+	"\bIdentify\"\x1e\n" +
+	"\bIdentity\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x82\x01\n" +
 	"\x06Roster\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1d\n" +
@@ -803,12 +993,17 @@ const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"start_rank\x18\x02 \x01(\x05R\tstartRank\x12\x14\n" +
 	"\x05count\x18\x03 \x01(\rR\x05count\x12\x18\n" +
 	"\arelease\x18\x04 \x01(\bR\arelease\x12\x18\n" +
-	"\aexperts\x18\x05 \x01(\rR\aexperts\"\xa7\x01\n" +
+	"\aexperts\x18\x05 \x01(\rR\aexperts\"\xe7\x01\n" +
 	"\rGossipMessage\x12+\n" +
 	"\x06roster\x18\x01 \x01(\v2\x11.dpnode.v1.RosterH\x00R\x06roster\x12,\n" +
 	"\x05claim\x18\x02 \x01(\v2\x14.dpnode.v1.RankClaimH\x00R\x05claim\x123\n" +
-	"\arefused\x18\x03 \x01(\v2\x17.dpnode.v1.ClaimRefusedH\x00R\arefusedB\x06\n" +
-	"\x04body\":\n" +
+	"\arefused\x18\x03 \x01(\v2\x17.dpnode.v1.ClaimRefusedH\x00R\arefused\x12>\n" +
+	"\rsigned_roster\x18\x04 \x01(\v2\x17.dpnode.v1.SignedRosterH\x00R\fsignedRosterB\x06\n" +
+	"\x04body\"h\n" +
+	"\fSignedRoster\x12\x16\n" +
+	"\x06roster\x18\x01 \x01(\fR\x06roster\x12\"\n" +
+	"\fcertificates\x18\x02 \x03(\fR\fcertificates\x12\x1c\n" +
+	"\tsignature\x18\x03 \x01(\fR\tsignature\":\n" +
 	"\fClaimRefused\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x10\n" +
@@ -836,30 +1031,34 @@ func file_dpnode_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_dpnode_v1_cluster_proto_rawDescData
 }
 
-var file_dpnode_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_dpnode_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_dpnode_v1_cluster_proto_goTypes = []any{
 	(*NodeMeta)(nil),           // 0: dpnode.v1.NodeMeta
-	(*Roster)(nil),             // 1: dpnode.v1.Roster
-	(*RankHold)(nil),           // 2: dpnode.v1.RankHold
-	(*RankClaim)(nil),          // 3: dpnode.v1.RankClaim
-	(*GossipMessage)(nil),      // 4: dpnode.v1.GossipMessage
-	(*ClaimRefused)(nil),       // 5: dpnode.v1.ClaimRefused
-	(*SubscribeRanks)(nil),     // 6: dpnode.v1.SubscribeRanks
-	(*RankStatus)(nil),         // 7: dpnode.v1.RankStatus
-	(*RankStatuses)(nil),       // 8: dpnode.v1.RankStatuses
-	(*CoordinatorChanged)(nil), // 9: dpnode.v1.CoordinatorChanged
+	(*Identify)(nil),           // 1: dpnode.v1.Identify
+	(*Identity)(nil),           // 2: dpnode.v1.Identity
+	(*Roster)(nil),             // 3: dpnode.v1.Roster
+	(*RankHold)(nil),           // 4: dpnode.v1.RankHold
+	(*RankClaim)(nil),          // 5: dpnode.v1.RankClaim
+	(*GossipMessage)(nil),      // 6: dpnode.v1.GossipMessage
+	(*SignedRoster)(nil),       // 7: dpnode.v1.SignedRoster
+	(*ClaimRefused)(nil),       // 8: dpnode.v1.ClaimRefused
+	(*SubscribeRanks)(nil),     // 9: dpnode.v1.SubscribeRanks
+	(*RankStatus)(nil),         // 10: dpnode.v1.RankStatus
+	(*RankStatuses)(nil),       // 11: dpnode.v1.RankStatuses
+	(*CoordinatorChanged)(nil), // 12: dpnode.v1.CoordinatorChanged
 }
 var file_dpnode_v1_cluster_proto_depIdxs = []int32{
-	2, // 0: dpnode.v1.Roster.holds:type_name -> dpnode.v1.RankHold
-	1, // 1: dpnode.v1.GossipMessage.roster:type_name -> dpnode.v1.Roster
-	3, // 2: dpnode.v1.GossipMessage.claim:type_name -> dpnode.v1.RankClaim
-	5, // 3: dpnode.v1.GossipMessage.refused:type_name -> dpnode.v1.ClaimRefused
-	7, // 4: dpnode.v1.RankStatuses.ranks:type_name -> dpnode.v1.RankStatus
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	4,  // 0: dpnode.v1.Roster.holds:type_name -> dpnode.v1.RankHold
+	3,  // 1: dpnode.v1.GossipMessage.roster:type_name -> dpnode.v1.Roster
+	5,  // 2: dpnode.v1.GossipMessage.claim:type_name -> dpnode.v1.RankClaim
+	8,  // 3: dpnode.v1.GossipMessage.refused:type_name -> dpnode.v1.ClaimRefused
+	7,  // 4: dpnode.v1.GossipMessage.signed_roster:type_name -> dpnode.v1.SignedRoster
+	10, // 5: dpnode.v1.RankStatuses.ranks:type_name -> dpnode.v1.RankStatus
+	6,  // [6:6] is the sub-list for method output_type
+	6,  // [6:6] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_cluster_proto_init() }
@@ -867,10 +1066,11 @@ func file_dpnode_v1_cluster_proto_init() {
 	if File_dpnode_v1_cluster_proto != nil {
 		return
 	}
-	file_dpnode_v1_cluster_proto_msgTypes[4].OneofWrappers = []any{
+	file_dpnode_v1_cluster_proto_msgTypes[6].OneofWrappers = []any{
 		(*GossipMessage_Roster)(nil),
 		(*GossipMessage_Claim)(nil),
 		(*GossipMessage_Refused)(nil),
+		(*GossipMessage_SignedRoster)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -878,7 +1078,7 @@ func file_dpnode_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_dpnode_v1_cluster_proto_rawDesc), len(file_dpnode_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
@@ -68,7 +69,7 @@ type APIServerConfig struct {
 	Engines []EngineConfig
 	// Roster says which ranks the deployment has, when the API server
 	// starts; the node actor tells it of newer ones.
-	Roster dp.Roster
+	Roster control.Roster
 	// BalanceRemote makes the API server send requests to other nodes'
 	// ranks as well as its own (internal load balancing).
 	BalanceRemote bool
@@ -155,12 +156,12 @@ type APIServerActor struct {
 	// roster says which ranks the deployment has: a request pinned to
 	// one of them that is down waits for it, one pinned to any other
 	// rank fails.
-	roster dp.Roster
+	roster control.Roster
 }
 
 // rosterUpdate tells the API server of a newer roster.
 type rosterUpdate struct {
-	roster dp.Roster
+	roster control.Roster
 }
 
 // call is one request in flight.
@@ -576,6 +577,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 		if c == nil || c.rank != r || o.Attempt != uint32(c.moves) {
 			continue
 		}
+		finish, lps, promptLps := finishFromWire(o.FinishReason), logprobsFromWire(o.Logprobs), logprobsFromWire(o.PromptLogprobs)
 		if n := len(o.NewTokenIds); n > 0 {
 			// The engine has prefilled the call.
 			r.acct.Prefilled(c.prefill)
@@ -588,11 +590,11 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			}
 			c.lastAt = now
 			c.output = append(c.output, o.NewTokenIds...)
-			if c.sub.Whole && len(o.Logprobs) > 0 {
-				c.logprobs = append(c.logprobs, o.Logprobs...)
+			if c.sub.Whole && len(lps) > 0 {
+				c.logprobs = append(c.logprobs, lps...)
 			}
 			if c.sub.Whole && c.promptLogprobs == nil {
-				c.promptLogprobs = o.PromptLogprobs
+				c.promptLogprobs = promptLps
 			}
 			r.metrics.generation.Add(float64(n))
 		}
@@ -601,9 +603,9 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			// generated before; the client's prompt hit was the first.
 			c.promptHit = int(o.NumCachedTokens)
 		}
-		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: o.FinishReason, Rank: r.rank, NumCachedTokens: c.promptHit, Logprobs: o.Logprobs,
-			PromptLogprobs: o.PromptLogprobs}
-		switch o.FinishReason {
+		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: finish, Rank: r.rank, NumCachedTokens: c.promptHit, Logprobs: lps,
+			PromptLogprobs: promptLps}
+		switch finish {
 		case engine.NotFinished:
 			if !c.sub.Whole {
 				c.sub.Stream.push(ev)

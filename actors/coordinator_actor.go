@@ -7,6 +7,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
@@ -23,7 +24,7 @@ type CoordinatorConfig struct {
 	// Roster says which ranks may join the group: those the roster gives
 	// out, joining or not (a rank given back stays out); the node tells
 	// the coordinator of newer ones.
-	Roster  dp.Roster
+	Roster  control.Roster
 	Metrics *Metrics
 	Logger  *slog.Logger
 }
@@ -50,7 +51,7 @@ type CoordinatorActor struct {
 	// group, and where each rank's engine is.
 	waves   *dp.CoordinatorWave
 	engines map[int]*actor.PID
-	roster  dp.Roster
+	roster  control.Roster
 }
 
 type subscriber struct {

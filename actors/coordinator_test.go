@@ -8,6 +8,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
@@ -23,7 +24,7 @@ func TestCoordinatorIgnoresStatsOfUnknownRanks(t *testing.T) {
 		if _, ok := ctx.Message().(*actor.Started); ok {
 			pids <- ctx.Spawn(actor.PropsFromProducer(NewCoordinatorProducer(CoordinatorConfig{
 				Epoch: 1, Publish: dp.PublishConfig{MinInterval: time.Millisecond, Heartbeat: time.Hour},
-				Roster: dp.Roster{Fixed: 2}, Metrics: NewMetrics(prometheus.NewRegistry(), "m"), Logger: slog.New(slog.DiscardHandler),
+				Roster: control.Roster{Fixed: 2}, Metrics: NewMetrics(prometheus.NewRegistry(), "m"), Logger: slog.New(slog.DiscardHandler),
 			})))
 		}
 	}), "coordinator-parent")

@@ -456,9 +456,9 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 			clients = append(clients, clientOutputs{pid: pid, outputs: make([]*dpnodev1.RequestOutput, 0, len(outs)-i)})
 		}
 		ro := &slab[i]
-		ro.RequestId, ro.NewTokenIds, ro.FinishReason = o.ID, o.NewTokens, o.Finish
+		ro.RequestId, ro.NewTokenIds, ro.FinishReason = o.ID, o.NewTokens, finishToWire(o.Finish)
 		ro.NumCachedTokens, ro.Attempt = uint32(o.NumCachedTokens), o.Attempt
-		ro.Logprobs, ro.PromptLogprobs = o.Logprobs, o.PromptLogprobs
+		ro.Logprobs, ro.PromptLogprobs = logprobsToWire(o.Logprobs), logprobsToWire(o.PromptLogprobs)
 		clients[k].outputs = append(clients[k].outputs, ro)
 	}
 	e.reportStats(ctx, clients)
@@ -530,57 +530,6 @@ func (e *EngineActor) waveChanged() bool {
 	}
 	w, running := e.waves.w.Wave()
 	return w != e.sentWave || running != e.sentRunning
-}
-
-func samplingFromWire(s *dpnodev1.SamplingParams) engine.SamplingParams {
-	if s == nil {
-		return engine.SamplingParams{}
-	}
-	return engine.SamplingParams{
-		MaxTokens:    int(s.MaxTokens),
-		MinTokens:    int(s.MinTokens),
-		Temperature:  s.Temperature,
-		TopP:         s.TopP,
-		TopK:         int(s.TopK),
-		Seed:         s.Seed,
-		IgnoreEOS:    s.IgnoreEos,
-		StopTokenIDs: s.StopTokenIds,
-
-		PresencePenalty:   s.PresencePenalty,
-		FrequencyPenalty:  s.FrequencyPenalty,
-		RepetitionPenalty: s.RepetitionPenalty,
-		MinP:              s.MinP,
-		LogitBias:         s.LogitBias,
-		Logprobs:          s.Logprobs,
-		TopLogprobs:       int(s.TopLogprobs),
-		PromptLogprobs:    s.PromptLogprobs,
-		PromptRanks:       s.PromptRanks,
-		Grammar:           s.Grammar,
-	}
-}
-
-func samplingToWire(s engine.SamplingParams) *dpnodev1.SamplingParams {
-	return &dpnodev1.SamplingParams{
-		MaxTokens:    uint32(s.MaxTokens),
-		MinTokens:    uint32(s.MinTokens),
-		Temperature:  s.Temperature,
-		TopP:         s.TopP,
-		TopK:         int32(s.TopK),
-		Seed:         s.Seed,
-		IgnoreEos:    s.IgnoreEOS,
-		StopTokenIds: s.StopTokenIDs,
-
-		PresencePenalty:   s.PresencePenalty,
-		FrequencyPenalty:  s.FrequencyPenalty,
-		RepetitionPenalty: s.RepetitionPenalty,
-		MinP:              s.MinP,
-		LogitBias:         s.LogitBias,
-		Logprobs:          s.Logprobs,
-		TopLogprobs:       int32(s.TopLogprobs),
-		PromptLogprobs:    s.PromptLogprobs,
-		PromptRanks:       s.PromptRanks,
-		Grammar:           s.Grammar,
-	}
 }
 
 // packHashes and unpackHashes carry block hashes in AddRequest's

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -19,6 +18,7 @@ import (
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/gpu"
@@ -66,12 +66,12 @@ type NodeConfig struct {
 	// NCCL's timeout, minutes, with the whole group stuck.
 	CollectiveTimeout time.Duration
 	// Roster is which node holds which ranks when the node starts:
-	// dp.Roster{Fixed: size} for a fixed size and no assigned ranks.
-	Roster dp.Roster
+	// control.Roster{Fixed: size} for a fixed size and no assigned ranks.
+	Roster control.Roster
 	// PublishRoster spreads a roster this node's coordinator decided, and
 	// RefuseClaim tells a node why it gets no ranks; nil on a node with
 	// no peers.
-	PublishRoster func(r dp.Roster, claimant string)
+	PublishRoster func(r control.Roster, claimant string)
 	RefuseClaim   func(node string, err error)
 	// Key is this node's identity in the roster (its --node-id, or else
 	// its gossip address); empty for a node that holds no ranks there.
@@ -133,7 +133,7 @@ func (c *NodeConfig) validate() error {
 	}
 	if c.Roster.Elastic() && c.Roster.Version == 0 && !c.Topology.Elastic {
 		// No roster given: the topology's fixed size.
-		c.Roster = dp.Roster{Fixed: c.Topology.Size}
+		c.Roster = control.Roster{Fixed: c.Topology.Size}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -183,7 +183,7 @@ type Node struct {
 	failErr  error
 	// roster is the newest roster heard of, for a node actor that
 	// restarts.
-	roster atomic.Pointer[dp.Roster]
+	roster atomic.Pointer[control.Roster]
 }
 
 // StartNode starts a node's actors and returns once its engines run:
@@ -353,11 +353,11 @@ func (n *Node) Finished(o Outcome) { n.metrics.recordOutcome(o) }
 
 // MemberEvent hands the node a membership change. It never blocks, so it
 // may be called from the membership library's own goroutines.
-func (n *Node) MemberEvent(ev *MemberEvent) { n.system.Root.Send(n.root, ev) }
+func (n *Node) MemberEvent(ev *control.MemberEvent) { n.system.Root.Send(n.root, ev) }
 
 // SetRoster hands the node a roster heard of by gossip; an older one
 // than the node has is ignored. It never blocks.
-func (n *Node) SetRoster(r dp.Roster) {
+func (n *Node) SetRoster(r control.Roster) {
 	if storeNewer(&n.roster, r) {
 		n.system.Root.Send(n.root, &rosterChanged{})
 	}
@@ -365,7 +365,7 @@ func (n *Node) SetRoster(r dp.Roster) {
 
 // storeNewer stores r unless p holds a roster as new or newer, and says
 // whether it did.
-func storeNewer(p *atomic.Pointer[dp.Roster], r dp.Roster) bool {
+func storeNewer(p *atomic.Pointer[control.Roster], r control.Roster) bool {
 	for {
 		cur := p.Load()
 		if !r.Newer(*cur) {
@@ -378,12 +378,12 @@ func storeNewer(p *atomic.Pointer[dp.Roster], r dp.Roster) bool {
 }
 
 // Roster is the newest roster the node has heard of.
-func (n *Node) Roster() dp.Roster { return *n.roster.Load() }
+func (n *Node) Roster() control.Roster { return *n.roster.Load() }
 
 // ClaimRanks hands the node a node's claim for ranks, or (release) its
 // leave; the node decides it when it runs the coordinator, and ignores it
 // otherwise. It never blocks.
-func (n *Node) ClaimRanks(c dp.Claim, release bool) {
+func (n *Node) ClaimRanks(c control.Claim, release bool) {
 	n.system.Root.Send(n.root, &claimRanks{claim: c, release: release})
 }
 
@@ -464,26 +464,6 @@ func (n *Node) System() *actor.ActorSystem { return n.system }
 // APIServer is the API server actor's PID.
 func (n *Node) APIServer() *actor.PID { return n.apiServer }
 
-// MemberEventKind says what happened to a member.
-type MemberEventKind int
-
-// The kinds of membership change.
-const (
-	MemberJoined MemberEventKind = iota
-	MemberUpdated
-	MemberLeft
-)
-
-// MemberEvent is a membership change, as gossip saw it.
-type MemberEvent struct {
-	Kind MemberEventKind
-	Name string
-	// Key is the member's identity in the roster (its --node-id, or else
-	// its gossip address).
-	Key  string
-	Meta *dpnodev1.NodeMeta
-}
-
 type getChildren struct{}
 
 type children struct {
@@ -534,7 +514,7 @@ type rosterChanged struct{}
 
 // claimRanks is a node's claim, for the coordinator's node to decide.
 type claimRanks struct {
-	claim   dp.Claim
+	claim   control.Claim
 	release bool
 }
 
@@ -549,9 +529,9 @@ type SizeChange struct {
 // membersView is the node actor's part of the cluster view.
 type membersView struct {
 	members  map[string]*dpnodev1.NodeMeta
-	election dp.Election
+	election control.Election
 	running  bool
-	roster   dp.Roster
+	roster   control.Roster
 	changes  []SizeChange
 }
 
@@ -568,7 +548,7 @@ type nodeActor struct {
 	members  map[string]*dpnodev1.NodeMeta
 	api      *actor.PID
 	coord    *actor.PID
-	election dp.Election
+	election control.Election
 	// coordAddr and coordEpoch are the coordinator this node follows, as
 	// the API server was told last: empty and 0 while there is none.
 	coordAddr  string
@@ -593,8 +573,8 @@ type nodeActor struct {
 	endpoints *eventstream.Subscription
 	// roster is the Node's newest roster; known is the one this actor
 	// acts on, and changes are the size's recent changes.
-	roster  *atomic.Pointer[dp.Roster]
-	known   dp.Roster
+	roster  *atomic.Pointer[control.Roster]
+	known   control.Roster
 	changes []SizeChange
 	// keys are the members' roster keys; pending, the members in gossip
 	// that have not started their actors (they wait for their ranks, or
@@ -627,7 +607,7 @@ func (n *nodeActor) Receive(ctx actor.Context) {
 		}
 	case *actor.Terminated:
 		n.terminated(ctx, msg.Who)
-	case *MemberEvent:
+	case *control.MemberEvent:
 		n.memberEvent(ctx, msg)
 	case *coordinatorStarted:
 		n.announceCoordinator(ctx)
@@ -672,7 +652,7 @@ func (n *nodeActor) Receive(ctx actor.Context) {
 			n.cfg.Logger.Debug("ignored a claim for ranks from a node gossip does not count", "node", msg.Node)
 			return
 		}
-		n.claim(ctx, &claimRanks{claim: dp.Claim{Node: msg.Node, Start: int(msg.StartRank), Count: int(msg.Count), Experts: int(msg.Experts)}, release: msg.Release})
+		n.claim(ctx, &claimRanks{claim: control.Claim{Node: msg.Node, Start: int(msg.StartRank), Count: int(msg.Count), Experts: int(msg.Experts)}, release: msg.Release})
 	}
 }
 
@@ -737,7 +717,7 @@ func (n *nodeActor) start(ctx actor.Context) {
 	n.reelect(ctx)
 }
 
-func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
+func (n *nodeActor) memberEvent(ctx actor.Context, ev *control.MemberEvent) {
 	if ev.Name == n.cfg.Name || ev.Meta == nil {
 		return
 	}
@@ -745,7 +725,7 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 		// A node that joined gossip to be given its ranks, and has not
 		// started its actors: not a member to send to yet, but its ranks
 		// count for the quorum once they are the deployment's.
-		if ev.Kind == MemberLeft {
+		if ev.Kind == control.MemberLeft {
 			delete(n.pending, ev.Name)
 			if !n.keyLive(ev.Key) {
 				n.dropJoining(ctx, ev.Key)
@@ -764,7 +744,7 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 		return
 	}
 	switch ev.Kind {
-	case MemberJoined, MemberUpdated:
+	case control.MemberJoined, control.MemberUpdated:
 		if n.gone[ev.Name] != nil {
 			return
 		}
@@ -775,7 +755,7 @@ func (n *nodeActor) memberEvent(ctx actor.Context, ev *MemberEvent) {
 		n.keys[ev.Name] = ev.Key
 		ctx.Send(n.api, &nodeUp{name: ev.Name, meta: ev.Meta})
 		n.commitJoining(ctx, ev.Key, ev.Meta)
-	case MemberLeft:
+	case control.MemberLeft:
 		delete(n.gone, ev.Name)
 		if m, known := n.members[ev.Name]; known {
 			n.metrics.events.add(EventNodeLeft, ev.Name, -1, fmt.Sprintf("ranks %s", metaRanks(m)))
@@ -837,134 +817,6 @@ func (n *nodeActor) memberGone(ctx actor.Context, name string, cut bool) {
 	ctx.Send(n.api, &nodeDown{name: name})
 }
 
-// probe asks whether the process of the member at a peer address is
-// still there, after the actor transport lost its connection to it (or
-// another node elected a newer coordinator). Gossip takes seconds to tell
-// a dead node from a slow one, since silence is all it hears; a refused
-// connection is a stronger signal. The kernel of a live host refuses a
-// connection to a port nobody listens on, which is what a killed process
-// leaves, while a stopped or overloaded process still has its connections
-// accepted by the kernel. So a refusal is taken as death at once, and
-// anything else (accepted, timed out, unreachable) is left to gossip.
-func (n *nodeActor) probe(ctx actor.Context, addr string) {
-	if name := n.memberAt(addr); name != "" && name != n.cfg.Name {
-		n.probeMember(ctx, name, addr)
-	}
-}
-
-// memberAt names the member whose actors are at addr, or "".
-func (n *nodeActor) memberAt(addr string) string {
-	for name, m := range n.members {
-		if m.ActorAddress == addr {
-			return name
-		}
-	}
-	return ""
-}
-
-func (n *nodeActor) probeMember(ctx actor.Context, name, addr string) {
-	if addr == "" || addr == n.self.ActorAddress || n.probing[addr] || n.stopping {
-		return
-	}
-	n.probing[addr] = true
-	self, root := ctx.Self(), ctx.ActorSystem().Root
-	go func() {
-		err := probeRefused(addr)
-		root.Send(self, &peerGone{name: name, address: addr, err: err})
-	}()
-}
-
-// Probes of a lost peer: several, because a killed process's connections
-// may drop a moment before its listening socket closes (a connection made
-// then is accepted, or reset), and because a probe costs one connection
-// the kernel accepts.
-const (
-	probeTries    = 10
-	probeInterval = 50 * time.Millisecond
-	probeTimeout  = 500 * time.Millisecond
-)
-
-// probeRefused returns the error of a connection to addr that was
-// refused. It returns nil when the port stayed open through every try, or
-// did not answer one (silence is gossip's to judge).
-func probeRefused(addr string) error {
-	for i := range probeTries {
-		if i > 0 {
-			time.Sleep(probeInterval)
-		}
-		c, err := net.DialTimeout("tcp", addr, probeTimeout)
-		var ne net.Error
-		switch {
-		case err == nil:
-			c.Close()
-		case errors.Is(err, syscall.ECONNREFUSED):
-			return err
-		case errors.As(err, &ne) && ne.Timeout():
-			return nil
-		}
-	}
-	return nil
-}
-
-// goneRecheck is how long a member found gone stays gone while gossip
-// still has it alive, before it is probed again: a refusal that was not a
-// death (a firewall that rejects, say) costs the member this long, not
-// forever.
-const goneRecheck = 15 * time.Second
-
-type recheckGone struct {
-	name string
-}
-
-// peerGone acts on a probe: a member whose port refused connections is
-// gone for this node, as if gossip had declared it dead, until gossip
-// does. One found gone that answers a later probe, while gossip never
-// declared it dead, is a member again.
-func (n *nodeActor) peerGone(ctx actor.Context, msg *peerGone) {
-	delete(n.probing, msg.address)
-	if n.stopping {
-		return
-	}
-	if meta := n.gone[msg.name]; meta != nil {
-		if msg.err != nil {
-			n.recheckLater(ctx, msg.name)
-			return
-		}
-		if n.memberAt(msg.address) != "" {
-			// A new incarnation answers at the address: the one found
-			// gone stays gone until gossip says so too.
-			return
-		}
-		n.cfg.Logger.Warn("a node found gone answers again, and gossip never declared it dead; it is a member again",
-			"node", msg.name, "address", msg.address)
-		delete(n.gone, msg.name)
-		n.members[msg.name] = meta
-		ctx.Send(n.api, &nodeUp{name: msg.name, meta: meta})
-		n.reelect(ctx)
-		return
-	}
-	m, known := n.members[msg.name]
-	if msg.err == nil || !known || m.ActorAddress != msg.address {
-		return
-	}
-	n.cfg.Logger.Warn("a node's process is gone: its actor port refuses connections; not waiting for gossip",
-		"node", msg.name, "address", msg.address, "error", msg.err)
-	n.metrics.nodesFoundGone.Inc()
-	n.metrics.events.add(EventNodeGone, msg.name, -1, "its actor port refuses connections: the process is gone")
-	n.gone[msg.name] = m
-	// Not cut: the transport lost its connection to it already (that is
-	// what set the probe off), and a new incarnation at the address may
-	// be connected by now, which a cut would sever.
-	n.memberGone(ctx, msg.name, false)
-	n.recheckLater(ctx, msg.name)
-	n.reelect(ctx)
-}
-
-func (n *nodeActor) recheckLater(ctx actor.Context, name string) {
-	self, root := ctx.Self(), ctx.ActorSystem().Root
-	time.AfterFunc(goneRecheck, func() { root.Send(self, &recheckGone{name: name}) })
-}
-
 // reelect runs the election on the members this node sees, starts or
 // stops the local coordinator to match, and tells the API server where the
 // coordinator runs when that changed.
@@ -972,14 +824,14 @@ func (n *nodeActor) reelect(ctx actor.Context) {
 	if !n.electing {
 		return
 	}
-	var ms []dp.Member
+	var ms []control.Member
 	for name, m := range n.members {
-		ms = append(ms, dp.Member{Name: name, Boot: m.BootUnixNano, StartRank: int(m.StartRank), LocalSize: int(m.LocalSize), Key: n.keys[name]})
+		ms = append(ms, control.Member{Name: name, Boot: m.BootUnixNano, StartRank: int(m.StartRank), LocalSize: int(m.LocalSize), Key: n.keys[name]})
 	}
 	for name, p := range n.pending {
-		ms = append(ms, dp.Member{Name: name, Boot: p.boot, Key: p.key, Pending: true})
+		ms = append(ms, control.Member{Name: name, Boot: p.boot, Key: p.key, Pending: true})
 	}
-	e := dp.Elect(ms, n.known)
+	e := control.Elect(ms, n.known)
 	decided := n.decides()
 	n.election = e
 	if !decided && n.decides() {
@@ -1115,125 +967,6 @@ func (n *nodeActor) adoptRoster(ctx actor.Context) {
 		ctx.Send(n.coord, &rosterUpdate{roster: r})
 	}
 	n.reelect(ctx)
-}
-
-// decides reports whether this node changes the roster: it leads, and
-// sees a majority of the ranks (dp.Election.Decides). A node with no
-// peers never does.
-func (n *nodeActor) decides() bool {
-	return n.election.Decides && n.election.Leader.Name == n.cfg.Name && n.cfg.PublishRoster != nil
-}
-
-// decide adopts a roster this node's coordinator decided, and spreads it;
-// claimant is the node whose claim it answers, if any.
-func (n *nodeActor) decide(ctx actor.Context, next dp.Roster, claimant string) {
-	if storeNewer(n.roster, next) {
-		n.adoptRoster(ctx)
-	}
-	if n.cfg.PublishRoster != nil {
-		n.cfg.PublishRoster(next, claimant)
-	}
-}
-
-// commitJoining makes a joining node's ranks the deployment's once it
-// serves them, when this node runs the coordinator.
-func (n *nodeActor) commitJoining(ctx actor.Context, key string, m *dpnodev1.NodeMeta) {
-	if !n.decides() || key == "" {
-		return
-	}
-	h, ok := n.known.Holding(key)
-	if !ok || !h.Joining || int(m.StartRank) != h.Start || int(m.LocalSize) != h.Count {
-		return
-	}
-	next, _ := n.known.Commit(key, n.election.Epoch)
-	n.cfg.Logger.Info("a node serves the ranks it was given; they join the deployment", "node", key, "ranks", h.String(), "size", next.Size())
-	n.decide(ctx, next, "")
-}
-
-// dropJoining frees the ranks of a node that left before it served them,
-// when this node runs the coordinator: it may never come back.
-func (n *nodeActor) dropJoining(ctx actor.Context, key string) {
-	if !n.decides() || key == "" {
-		return
-	}
-	if h, ok := n.known.Holding(key); !ok || !h.Joining {
-		return
-	}
-	next, _ := n.known.Release(key, n.election.Epoch)
-	n.cfg.Logger.Warn("a node left before it served the ranks it was given; they are free again", "node", key)
-	n.decide(ctx, next, "")
-}
-
-// sweepJoining settles the joining holds a new coordinator finds: those
-// of nodes that serve are committed, those of nodes gone are freed.
-func (n *nodeActor) sweepJoining(ctx actor.Context) {
-	present := map[string]bool{}
-	for _, p := range n.pending {
-		present[p.key] = true
-	}
-	for name, key := range n.keys {
-		if m := n.members[name]; m != nil {
-			present[key] = true
-			n.commitJoining(ctx, key, m)
-		}
-	}
-	for _, h := range n.known.Holds {
-		if h.Joining && !present[h.Node] {
-			n.dropJoining(ctx, h.Node)
-		}
-	}
-}
-
-// claim decides a node's claim for ranks, or its leave, when this node
-// runs the coordinator: the one place where ranks are given out, so that
-// two nodes that join at once never get the same ones. Elsewhere the
-// claim is ignored; the claimant sends it to every member until the
-// roster answers it.
-func (n *nodeActor) claim(ctx actor.Context, msg *claimRanks) {
-	if !n.decides() {
-		return
-	}
-	epoch := n.election.Epoch
-	next := n.known
-	if msg.release {
-		var ok bool
-		h, _ := n.known.Holding(msg.claim.Node)
-		if next, ok = n.known.Release(msg.claim.Node, epoch); ok {
-			n.cfg.Logger.Info("a node leaves and gives its ranks back", "node", msg.claim.Node, "size", next.Size())
-			if n.coord != nil {
-				// It has drained: the group goes on without its ranks
-				// now, before its engines stop, so that no step waits
-				// for them. The roster that follows keeps them out.
-				var ranks []int
-				for r := h.Start; r < h.End(); r++ {
-					ranks = append(ranks, r)
-				}
-				ctx.Send(n.coord, &dropRanks{ranks: ranks})
-			}
-		}
-	} else {
-		var busy []dp.Member
-		for name, m := range n.members {
-			busy = append(busy, dp.Member{Name: name, StartRank: int(m.StartRank), LocalSize: int(m.LocalSize)})
-		}
-		c := msg.claim
-		c.Experts = max(c.Experts, n.cfg.Experts)
-		var h dp.Hold
-		var err error
-		if next, h, err = n.known.Assign(c, busy, epoch); err != nil {
-			n.cfg.Logger.Warn("refused a node's claim for ranks", "node", c.Node, "error", err)
-			if n.cfg.RefuseClaim != nil {
-				n.cfg.RefuseClaim(c.Node, err)
-			}
-			return
-		}
-		if next.Version != n.known.Version {
-			n.cfg.Logger.Info("gave a node its ranks", "node", c.Node, "ranks", h.String(), "size", next.Size())
-		}
-	}
-	// Published even when nothing changed: the claimant asks because it
-	// has not heard of the roster that answers it.
-	n.decide(ctx, next, msg.claim.Node)
 }
 
 // minLevel drops records below a level.

@@ -45,3 +45,28 @@ func TestSamplingSurvivesTheWire(t *testing.T) {
 		}
 	})
 }
+
+// TestOutputsSurviveTheWire: a step's finish reason and log-probabilities
+// come back from their wire form as they were, nil entries included.
+func TestOutputsSurviveTheWire(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		f := engine.FinishReason(rapid.IntRange(int(engine.NotFinished), int(engine.FinishedError)).Draw(t, "finish"))
+		if got := finishFromWire(finishToWire(f)); got != f {
+			t.Fatalf("finish %v came back %v", f, got)
+		}
+		var lps []*engine.TokenLogprobs
+		if rapid.Bool().Draw(t, "some") {
+			lps = make([]*engine.TokenLogprobs, rapid.IntRange(0, 4).Draw(t, "n"))
+			for i := range lps {
+				if rapid.Bool().Draw(t, "set") {
+					k := rapid.IntRange(0, 3).Draw(t, "top")
+					lps[i] = &engine.TokenLogprobs{Logprob: rapid.Float32().Draw(t, "lp"), Rank: rapid.Uint32().Draw(t, "rank"),
+						TopTokenIds: rapid.SliceOfN(rapid.Uint32(), k, k).Draw(t, "ids"), TopLogprobs: rapid.SliceOfN(rapid.Float32(), k, k).Draw(t, "lps")}
+				}
+			}
+		}
+		if got := logprobsFromWire(logprobsToWire(lps)); !reflect.DeepEqual(got, lps) {
+			t.Fatalf("log-probabilities %v came back %v", lps, got)
+		}
+	})
+}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dpnode/dpnode/actors"
 	"github.com/dpnode/dpnode/actors/actorstest"
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/sim"
@@ -132,13 +133,13 @@ func FuzzGossipMeta(f *testing.F) {
 
 	var (
 		mu     sync.Mutex
-		events []*actors.MemberEvent
+		events []*control.MemberEvent
 	)
 	g := startGossipNode(f)
 	f.Cleanup(func() { g.stop(f) })
 	self := g.node.Meta()
 	d := newDelegate(MembershipConfig{Name: g.node.Name(), Meta: self, Logger: slog.New(slog.DiscardHandler),
-		OnEvent: func(ev *actors.MemberEvent) {
+		OnEvent: func(ev *control.MemberEvent) {
 			mu.Lock()
 			events = append(events, ev)
 			mu.Unlock()
@@ -147,7 +148,7 @@ func FuzzGossipMeta(f *testing.F) {
 		OnConflict: func(error) {}}, nil, 4)
 	// This node's own gossip address.
 	d.setAddr("127.0.0.1:7946")
-	taken := func() []*actors.MemberEvent {
+	taken := func() []*control.MemberEvent {
 		mu.Lock()
 		defer mu.Unlock()
 		evs := events
@@ -166,8 +167,8 @@ func FuzzGossipMeta(f *testing.F) {
 		got := 0
 		for _, step := range []struct {
 			notify func(*memberlist.Node)
-			kind   actors.MemberEventKind
-		}{{d.NotifyJoin, actors.MemberJoined}, {d.NotifyUpdate, actors.MemberUpdated}, {d.NotifyLeave, actors.MemberLeft}} {
+			kind   control.MemberEventKind
+		}{{d.NotifyJoin, control.MemberJoined}, {d.NotifyUpdate, control.MemberUpdated}, {d.NotifyLeave, control.MemberLeft}} {
 			step.notify(n)
 			evs := taken()
 			if len(evs) > 1 || (len(evs) == 1 && (events == 0 || evs[0].Kind != step.kind || evs[0].Name != n.Name || !proto.Equal(evs[0].Meta, want))) {

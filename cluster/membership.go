@@ -20,7 +20,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/dpnode/dpnode/actors"
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
@@ -55,14 +55,14 @@ type MembershipConfig struct {
 	Meta *dpnodev1.NodeMeta
 	// OnEvent receives membership changes. It runs on memberlist's
 	// goroutines and must not block.
-	OnEvent func(*actors.MemberEvent)
+	OnEvent func(*control.MemberEvent)
 	// OnConflict is told when an older node turns out to host one of this
 	// node's ranks after the join (two nodes joined at once): this node
 	// must go.
 	OnConflict func(error)
-	// Roster is the roster the node starts with: dp.Roster{Fixed: size},
+	// Roster is the roster the node starts with: control.Roster{Fixed: size},
 	// or an empty elastic one; gossip brings newer ones.
-	Roster dp.Roster
+	Roster control.Roster
 	// VerifyPeer, when set, checks the actor transport at the actor
 	// address a peer gossips (its actor_address, or while it waits for
 	// its ranks its joining_actor_address): a certificate of the
@@ -86,10 +86,10 @@ type MembershipConfig struct {
 // a conflict that ends it, rosters, and (on the coordinator's node)
 // claims for ranks. actors.Node is one.
 type Handler interface {
-	MemberEvent(*actors.MemberEvent)
+	MemberEvent(*control.MemberEvent)
 	Fail(error)
-	SetRoster(dp.Roster)
-	ClaimRanks(c dp.Claim, release bool)
+	SetRoster(control.Roster)
+	ClaimRanks(c control.Claim, release bool)
 }
 
 // Membership is a node's view of the cluster, kept by gossip.
@@ -333,7 +333,7 @@ func (m *Membership) Attach(h Handler) {
 }
 
 // Roster is the newest roster this node has heard of.
-func (m *Membership) Roster() dp.Roster {
+func (m *Membership) Roster() control.Roster {
 	m.d.mu.Lock()
 	defer m.d.mu.Unlock()
 	return m.d.roster
@@ -344,7 +344,7 @@ func (m *Membership) Roster() dp.Roster {
 // by gossip and to every member over TCP, since gossip carries a message
 // only within a UDP packet, and a roster of a few dozen nodes outgrows
 // one; the roster a claimant has not heard of yet, to it.
-func (m *Membership) Publish(r dp.Roster, claimant string) {
+func (m *Membership) Publish(r control.Roster, claimant string) {
 	if m.d.adopt(r, nil) {
 		m.sendAll(m.d.rosterMessage())
 		return
@@ -410,14 +410,14 @@ var ErrNoCoordinator = errors.New("no coordinator answered: it runs on the oldes
 
 // serving lists the members that serve ranks they were not given by a
 // roster (their flags named them): ranks a founder must not take.
-func (m *Membership) serving() []dp.Member {
-	var busy []dp.Member
+func (m *Membership) serving() []control.Member {
+	var busy []control.Member
 	for _, n := range m.list.Members() {
 		var meta dpnodev1.NodeMeta
 		if n.Name == m.d.cfg.Name || proto.Unmarshal(n.Meta, &meta) != nil || meta.ActorAddress == "" || meta.LocalSize == 0 {
 			continue
 		}
-		busy = append(busy, dp.Member{Name: n.Name, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)})
+		busy = append(busy, control.Member{Name: n.Name, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)})
 	}
 	return busy
 }
@@ -429,10 +429,10 @@ const claimEvery = time.Second
 // roster that gives them, or for its refusal. A node that starts a new
 // cluster (founder) has no coordinator to ask: it writes the first roster
 // itself.
-func (m *Membership) Claim(ctx context.Context, c dp.Claim, founder bool) (dp.Hold, error) {
+func (m *Membership) Claim(ctx context.Context, c control.Claim, founder bool) (control.Hold, error) {
 	c.Node = m.Key()
 	return m.untilRoster(ctx, &dpnodev1.RankClaim{Node: c.Node, StartRank: int32(c.Start), Count: uint32(c.Count), Experts: uint32(c.Experts)},
-		func(r dp.Roster) (dp.Hold, bool, error) {
+		func(r control.Roster) (control.Hold, bool, error) {
 			if h, ok := r.Holding(c.Node); ok && h.Count == c.Count && (c.Start < 0 || h.Start == c.Start) {
 				return h, true, nil
 			}
@@ -441,30 +441,30 @@ func (m *Membership) Claim(ctx context.Context, c dp.Claim, founder bool) (dp.Ho
 				// deployment's from the start.
 				next, _, err := r.Assign(c, m.serving(), uint64(m.d.cfg.Meta.BootUnixNano))
 				if err != nil {
-					return dp.Hold{}, false, err
+					return control.Hold{}, false, err
 				}
 				next, _ = next.Commit(c.Node, next.Epoch)
 				next.Version = 1
 				m.d.cfg.Logger.Info("no roster yet: this node founds the deployment", "ranks", next.Holds[0].String())
 				m.d.adopt(next, nil)
 			}
-			return dp.Hold{}, false, nil
+			return control.Hold{}, false, nil
 		})
 }
 
 // Release gives this node's ranks back as it leaves, and waits for the
 // roster without them.
 func (m *Membership) Release(ctx context.Context) error {
-	_, err := m.untilRoster(ctx, &dpnodev1.RankClaim{Node: m.Key(), Release: true}, func(r dp.Roster) (dp.Hold, bool, error) {
+	_, err := m.untilRoster(ctx, &dpnodev1.RankClaim{Node: m.Key(), Release: true}, func(r control.Roster) (control.Hold, bool, error) {
 		_, held := r.Holding(m.Key())
-		return dp.Hold{}, !held, nil
+		return control.Hold{}, !held, nil
 	})
 	return err
 }
 
 // untilRoster sends claim to every member (the coordinator's node is the
 // one that acts) until done says the roster answered it.
-func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim, done func(dp.Roster) (dp.Hold, bool, error)) (dp.Hold, error) {
+func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim, done func(control.Roster) (control.Hold, bool, error)) (control.Hold, error) {
 	d := m.d
 	d.mu.Lock()
 	d.claimRefusal = nil
@@ -475,7 +475,7 @@ func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim,
 		r, refusal, changed, onClaim := d.roster, d.claimRefusal, d.changed, d.onClaim
 		d.mu.Unlock()
 		if refusal != nil {
-			return dp.Hold{}, refusal
+			return control.Hold{}, refusal
 		}
 		h, ok, err := done(r)
 		if err != nil || ok {
@@ -487,7 +487,7 @@ func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim,
 		if now := time.Now(); now.After(next) {
 			next = now.Add(claimEvery)
 			if onClaim != nil {
-				onClaim(dp.Claim{Node: claim.Node, Start: int(claim.StartRank), Count: int(claim.Count), Experts: int(claim.Experts)}, claim.Release)
+				onClaim(control.Claim{Node: claim.Node, Start: int(claim.StartRank), Count: int(claim.Count), Experts: int(claim.Experts)}, claim.Release)
 			}
 			m.sendClaim(claim)
 		}
@@ -497,7 +497,7 @@ func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim,
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return dp.Hold{}, fmt.Errorf("%w (%v)", ErrNoCoordinator, ctx.Err())
+			return control.Hold{}, fmt.Errorf("%w (%v)", ErrNoCoordinator, ctx.Err())
 		}
 		t.Stop()
 	}
@@ -513,7 +513,7 @@ func mustMarshal(msg proto.Message) []byte {
 
 // encodeRoster is the gossip message of a roster this node decided:
 // signed with seal, when there is one.
-func encodeRoster(r dp.Roster, seal RosterSeal) ([]byte, error) {
+func encodeRoster(r control.Roster, seal RosterSeal) ([]byte, error) {
 	pr := &dpnodev1.Roster{Version: r.Version, Epoch: r.Epoch, FixedSize: uint32(r.Fixed)}
 	for _, h := range r.Holds {
 		pr.Holds = append(pr.Holds, &dpnodev1.RankHold{Node: h.Node, StartRank: uint32(h.Start), Count: uint32(h.Count)})
@@ -530,14 +530,14 @@ func encodeRoster(r dp.Roster, seal RosterSeal) ([]byte, error) {
 
 // decodeRoster reads a gossiped roster, refusing one whose holds overlap
 // or run past dp.MaxRanks: a node acts on every rank of it.
-func decodeRoster(pr *dpnodev1.Roster) (dp.Roster, error) {
-	r := dp.Roster{Version: pr.Version, Epoch: pr.Epoch, Fixed: int(pr.FixedSize)}
+func decodeRoster(pr *dpnodev1.Roster) (control.Roster, error) {
+	r := control.Roster{Version: pr.Version, Epoch: pr.Epoch, Fixed: int(pr.FixedSize)}
 	end := 0
 	for _, h := range pr.Holds {
 		if h.StartRank < uint32(end) || uint64(h.StartRank)+uint64(h.Count) > dp.MaxRanks || h.Count == 0 {
-			return dp.Roster{}, fmt.Errorf("cluster: a gossiped roster holds bad ranks (%s: %d ranks from %d)", h.Node, h.Count, h.StartRank)
+			return control.Roster{}, fmt.Errorf("cluster: a gossiped roster holds bad ranks (%s: %d ranks from %d)", h.Node, h.Count, h.StartRank)
 		}
-		r.Holds = append(r.Holds, dp.Hold{Node: h.Node, Start: int(h.StartRank), Count: int(h.Count)})
+		r.Holds = append(r.Holds, control.Hold{Node: h.Node, Start: int(h.StartRank), Count: int(h.Count)})
 		end = int(h.StartRank + h.Count)
 	}
 	return r, nil
@@ -569,23 +569,23 @@ type delegate struct {
 
 	mu      sync.Mutex
 	list    *memberlist.Memberlist
-	self    dp.Member
+	self    control.Member
 	refusal error
 	meta    []byte
 	// roster is the newest heard of; changed is closed and replaced when
 	// it changes, or a claim of this node's is refused (claimRefusal).
-	roster dp.Roster
+	roster control.Roster
 	// rosterMsg is roster's gossip message, as it came or was signed.
 	rosterMsg    []byte
 	changed      chan struct{}
 	claimRefusal error
 	// The running node's handlers; events before it attached are kept in
 	// pending.
-	onEvent    func(*actors.MemberEvent)
+	onEvent    func(*control.MemberEvent)
 	onConflict func(error)
-	onRoster   func(dp.Roster)
-	onClaim    func(dp.Claim, bool)
-	pending    []*actors.MemberEvent
+	onRoster   func(control.Roster)
+	onClaim    func(control.Claim, bool)
+	pending    []*control.MemberEvent
 	// verified holds the peers' checks (verify).
 	verified map[string]verified
 }
@@ -593,7 +593,7 @@ type delegate struct {
 // newDelegate makes the delegate of a node whose encoded metadata is
 // meta; retransmit is memberlist's RetransmitMult.
 func newDelegate(cfg MembershipConfig, meta []byte, retransmit int) *delegate {
-	d := &delegate{cfg: cfg, meta: meta, self: dp.Member{Name: cfg.Name, Boot: cfg.Meta.BootUnixNano,
+	d := &delegate{cfg: cfg, meta: meta, self: control.Member{Name: cfg.Name, Boot: cfg.Meta.BootUnixNano,
 		StartRank: int(cfg.Meta.StartRank), LocalSize: int(cfg.Meta.LocalSize)},
 		roster: cfg.Roster, changed: make(chan struct{}), onEvent: cfg.OnEvent, onConflict: cfg.OnConflict}
 	if d.roster.Elastic() && d.roster.Version == 0 && cfg.Meta.DataParallelSize > 0 {
@@ -613,7 +613,7 @@ func (d *delegate) numNodes() int {
 	return l.NumMembers()
 }
 
-func (d *delegate) currentRoster() dp.Roster {
+func (d *delegate) currentRoster() control.Roster {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.roster
@@ -625,7 +625,7 @@ func (d *delegate) currentRoster() dp.Roster {
 // a roster this node decided, which it encodes and signs. A roster of
 // another kind (a fixed size where this node's is elastic) is not this
 // cluster's.
-func (d *delegate) adopt(r dp.Roster, msg []byte) bool {
+func (d *delegate) adopt(r control.Roster, msg []byte) bool {
 	if msg == nil {
 		// Signed only when it will be kept: a coordinator publishes
 		// its roster again for every claimant that has not heard of it.
@@ -825,7 +825,7 @@ func (d *delegate) conflict(peer *memberlist.Node) (meta *dpnodev1.NodeMeta, ran
 	d.mu.Lock()
 	self := d.self
 	d.mu.Unlock()
-	err = dp.RankConflict(self, []dp.Member{{Name: peer.Name, Boot: meta.BootUnixNano, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)}})
+	err = control.RankConflict(self, []control.Member{{Name: peer.Name, Boot: meta.BootUnixNano, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)}})
 	if err != nil {
 		return meta, true, err
 	}
@@ -959,7 +959,7 @@ func (d *delegate) NotifyAlive(peer *memberlist.Node) error {
 	return err
 }
 
-func (d *delegate) event(kind actors.MemberEventKind, n *memberlist.Node) {
+func (d *delegate) event(kind control.MemberEventKind, n *memberlist.Node) {
 	if n.Name == d.cfg.Name {
 		return
 	}
@@ -968,7 +968,7 @@ func (d *delegate) event(kind actors.MemberEventKind, n *memberlist.Node) {
 		d.cfg.Logger.Warn("ignoring a member", "error", err)
 		return
 	}
-	ev := &actors.MemberEvent{Kind: kind, Name: n.Name, Key: keyOf(n), Meta: meta}
+	ev := &control.MemberEvent{Kind: kind, Name: n.Name, Key: keyOf(n), Meta: meta}
 	// Under the lock, so that an event is never handed over before one
 	// kept earlier (Attach).
 	d.mu.Lock()
@@ -981,14 +981,14 @@ func (d *delegate) event(kind actors.MemberEventKind, n *memberlist.Node) {
 }
 
 // NotifyJoin implements memberlist.EventDelegate.
-func (d *delegate) NotifyJoin(n *memberlist.Node) { d.event(actors.MemberJoined, n) }
+func (d *delegate) NotifyJoin(n *memberlist.Node) { d.event(control.MemberJoined, n) }
 
 // NotifyLeave implements memberlist.EventDelegate: the node left, or gossip
 // declared it dead.
-func (d *delegate) NotifyLeave(n *memberlist.Node) { d.event(actors.MemberLeft, n) }
+func (d *delegate) NotifyLeave(n *memberlist.Node) { d.event(control.MemberLeft, n) }
 
 // NotifyUpdate implements memberlist.EventDelegate.
-func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.event(actors.MemberUpdated, n) }
+func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.event(control.MemberUpdated, n) }
 
 // slogWriter turns memberlist's log lines ("[WARN] memberlist: ...") into
 // structured records at the matching level.

@@ -384,7 +384,7 @@ func (o Options) check() (*plan, error) {
 			return nil, flagError("--enable-expert-parallel needs a mixture-of-experts model; the profile %s is %s (try --sim-profile qwen3-30b-a3b-h200)", profile.Name, profile.Kind)
 		}
 		// The group is every rank of the deployment. An elastic one is
-		// checked at each join, by the coordinator (dp.Claim.Experts).
+		// checked at each join, by the coordinator (control.Claim.Experts).
 		size, _ := dp.Resolve(p.flags, max(o.GPUs, 1))
 		if !size.Elastic {
 			if err := profile.CheckExpertParallel(size.Size); err != nil {

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/dpnode/dpnode/actors"
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/gpu"
 	httpapi "github.com/dpnode/dpnode/http"
@@ -210,7 +211,7 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		}
 		o.Logger.Info("joined; asking the coordinator for ranks", "ranks", topo.LocalSize, "gossip", r.membership.Address())
 		claimCtx, cancel := context.WithTimeout(ctx, o.JoinTimeout)
-		hold, err := r.membership.Claim(claimCtx, dp.Claim{Start: start, Count: topo.LocalSize, Experts: p.experts}, mcfg.Founder)
+		hold, err := r.membership.Claim(claimCtx, control.Claim{Start: start, Count: topo.LocalSize, Experts: p.experts}, mcfg.Founder)
 		cancel()
 		if err != nil {
 			r.membership.Leave(time.Second)
@@ -262,7 +263,7 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	}
 	// The membership starts after the node when the node's ranks are its
 	// own; the coordinator only publishes once gossip is attached.
-	cfg.PublishRoster = func(ro dp.Roster, claimant string) { r.membership.Publish(ro, claimant) }
+	cfg.PublishRoster = func(ro control.Roster, claimant string) { r.membership.Publish(ro, claimant) }
 	cfg.RefuseClaim = func(node string, err error) { r.membership.Refuse(node, err) }
 	// Each API server counts its own picks: vLLM's policy bumps a rank by
 	// the number of API servers, which a node does not know in advance.

@@ -14,7 +14,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/dpnode/dpnode/dp"
+	"github.com/dpnode/dpnode/control"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
@@ -125,7 +125,7 @@ func TestPeerWithNoAddressToCheckIsNoMember(t *testing.T) {
 func TestClaimsByGossipAreIgnored(t *testing.T) {
 	d := &delegate{cfg: MembershipConfig{Name: "self", Meta: &dpnodev1.NodeMeta{Model: "m"}, Logger: slog.New(slog.DiscardHandler)}}
 	var claims int
-	d.onClaim = func(dp.Claim, bool) { claims++ }
+	d.onClaim = func(control.Claim, bool) { claims++ }
 	for _, release := range []bool{false, true} {
 		d.receive(mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Claim{Claim: &dpnodev1.RankClaim{Node: "victim:7946", Count: 1, Release: release}}}))
 	}
@@ -192,7 +192,7 @@ func TestRosterUnderTLSMustBeSigned(t *testing.T) {
 		t.Error("the roster is not passed on as it came, with its signature")
 	}
 	// A roster this node decides goes out signed.
-	if !d.adopt(dp.Roster{Version: 5, Epoch: 1, Holds: []dp.Hold{{Node: "127.0.0.9:7946", Count: 2}}}, nil) {
+	if !d.adopt(control.Roster{Version: 5, Epoch: 1, Holds: []control.Hold{{Node: "127.0.0.9:7946", Count: 2}}}, nil) {
 		t.Fatal("a newer roster of this node's was not adopted")
 	}
 	var msg dpnodev1.GossipMessage

@@ -5,6 +5,11 @@ import (
 	"strings"
 )
 
+// MaxRanks bounds the rank numbers of an elastic deployment, whose size
+// has no fixed end: a peer that claimed rank four billion must not make a
+// node loop or allocate over them.
+const MaxRanks = 4096
+
 // Mode says who balances requests over the ranks.
 type Mode int
 

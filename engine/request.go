@@ -2,22 +2,36 @@ package engine
 
 import (
 	"time"
-
-	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
 // FinishReason says why a request stopped; the zero value means it has not.
-type FinishReason = dpnodev1.FinishReason
+// Its values are the wire's (dpnodev1.FinishReason), which the actors
+// convert to and from.
+type FinishReason int32
 
-// The finish reasons, re-exported so that callers of the scheduler need not
-// import the wire package.
+// The finish reasons.
 const (
-	NotFinished    = dpnodev1.FinishReason_FINISH_REASON_UNSPECIFIED
-	FinishedStop   = dpnodev1.FinishReason_FINISH_REASON_STOP
-	FinishedLength = dpnodev1.FinishReason_FINISH_REASON_LENGTH
-	FinishedAbort  = dpnodev1.FinishReason_FINISH_REASON_ABORT
-	FinishedError  = dpnodev1.FinishReason_FINISH_REASON_ERROR
+	NotFinished FinishReason = iota
+	FinishedStop
+	FinishedLength
+	FinishedAbort
+	FinishedError
 )
+
+// String names the reason as OpenAI's API does, "" when not finished.
+func (f FinishReason) String() string {
+	switch f {
+	case FinishedStop:
+		return "stop"
+	case FinishedLength:
+		return "length"
+	case FinishedAbort:
+		return "abort"
+	case FinishedError:
+		return "error"
+	}
+	return ""
+}
 
 // SamplingParams are the sampling settings the engine acts on.
 type SamplingParams struct {
@@ -69,8 +83,18 @@ const PromptLogprobsChunk = 64
 const MaxTopLogprobs = 20
 
 // TokenLogprobs is a drawn token's log-probability and the most likely
-// tokens' (the wire's form, which outputs carry as they are).
-type TokenLogprobs = dpnodev1.TokenLogprobs
+// tokens'.
+type TokenLogprobs struct {
+	Logprob float32
+	// TopTokenIds and TopLogprobs are the most likely tokens, most likely
+	// first, and their log-probabilities.
+	TopTokenIds []uint32
+	TopLogprobs []float32
+	// Rank is the token's place among the vocabulary by logit, from 1 for
+	// the most likely: set for a prompt's tokens, which vLLM's
+	// prompt_logprobs report it for.
+	Rank uint32
+}
 
 // Penalized reports whether a penalty is on: the executor needs the
 // request's tokens to draw.

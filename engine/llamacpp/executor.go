@@ -218,7 +218,10 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 		if i < 0 {
 			return engine.StepResult{}, fmt.Errorf("llamacpp: the worker gave prompt log-probabilities of sequence %d, not in the step", pl.Seq)
 		}
-		res.PromptLogprobs[i] = pl.Logprobs
+		res.PromptLogprobs[i] = make([]*engine.TokenLogprobs, len(pl.Logprobs))
+		for j, lp := range pl.Logprobs {
+			res.PromptLogprobs[i][j] = logprobs(lp)
+		}
 	}
 	k := 0
 	for i := range b.Requests {
@@ -236,7 +239,7 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 			if res.Logprobs == nil {
 				res.Logprobs = make([]*engine.TokenLogprobs, len(b.Requests))
 			}
-			res.Logprobs[i] = done.Logprobs[k]
+			res.Logprobs[i] = logprobs(done.Logprobs[k])
 		}
 		k++
 	}
@@ -304,4 +307,13 @@ func SampleSeed(base uint64, index int) uint64 {
 	x *= 0xff51afd7ed558ccd
 	x ^= x >> 33
 	return x
+}
+
+// logprobs is the engine's form of a token's log-probabilities from the
+// worker; nil stays nil.
+func logprobs(lp *dpnodev1.TokenLogprobs) *engine.TokenLogprobs {
+	if lp == nil {
+		return nil
+	}
+	return &engine.TokenLogprobs{Logprob: lp.Logprob, TopTokenIds: lp.TopTokenIds, TopLogprobs: lp.TopLogprobs, Rank: lp.Rank}
 }

@@ -291,7 +291,7 @@ func (x *Identity) GetName() string {
 }
 
 // Roster is which node holds which ranks, as the coordinator decided it:
-// cluster state with a version, spread by gossip (dp.Roster).
+// cluster state with a version, spread by gossip (control.Roster).
 type Roster struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Version uint64                 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`

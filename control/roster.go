@@ -1,15 +1,12 @@
-package dp
+package control
 
 import (
 	"cmp"
 	"fmt"
 	"slices"
-)
 
-// MaxRanks bounds the rank numbers of an elastic deployment, whose size
-// has no fixed end: a peer that claimed rank four billion must not make a
-// node loop or allocate over them.
-const MaxRanks = 4096
+	"github.com/dpnode/dpnode/dp"
+)
 
 // Hold is the ranks one node holds: Count ranks from Start on.
 type Hold struct {
@@ -173,7 +170,7 @@ func (r Roster) Assign(c Claim, busy []Member, epoch uint64) (Roster, Hold, erro
 		}
 		return false
 	}
-	limit := MaxRanks
+	limit := dp.MaxRanks
 	if !r.Elastic() {
 		limit = r.Fixed
 	}

@@ -181,6 +181,7 @@ type Node struct {
 	failed   chan struct{}
 	failOnce sync.Once
 	failErr  error
+	stopOnce sync.Once
 	// roster is the newest roster heard of, for a node actor that
 	// restarts.
 	roster atomic.Pointer[control.Roster]
@@ -283,7 +284,7 @@ func (n *Node) Start(cfg NodeConfig) error {
 		err = fmt.Errorf("actors: the node listened as %s and starts as %s", n.name, cfg.Name)
 	}
 	if err != nil {
-		n.shutdownSystem()
+		n.Stop()
 		return err
 	}
 	system := n.system
@@ -298,7 +299,7 @@ func (n *Node) Start(cfg NodeConfig) error {
 		actor.WithSupervisor(actor.NewOneForOneStrategy(10, time.Minute, actor.DefaultDecider)))
 	pid, err := system.Root.SpawnNamed(props, nodeID)
 	if err != nil {
-		n.shutdownSystem()
+		n.Stop()
 		return fmt.Errorf("actors: starting the node actor: %w", err)
 	}
 	n.root = pid
@@ -438,10 +439,12 @@ func (n *Node) fail(err error) {
 
 // Stop stops every actor of the node and waits for them.
 func (n *Node) Stop() {
-	if n.root != nil {
-		_ = n.system.Root.StopFuture(n.root).Wait()
-	}
-	n.shutdownSystem()
+	n.stopOnce.Do(func() {
+		if n.root != nil {
+			_ = n.system.Root.StopFuture(n.root).Wait()
+		}
+		n.shutdownSystem()
+	})
 }
 
 func (n *Node) shutdownSystem() {

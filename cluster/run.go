@@ -118,6 +118,15 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 
 	r := &Running{served: make(chan error, 1), logger: o.Logger, drain: o.DrainTimeout, drainRequested: make(chan struct{}),
 		leaveRequested: make(chan struct{}), leaveOnTerminate: o.LeaveOnTerminate}
+	// What each step starts is stopped, in reverse order, when a later
+	// step fails.
+	var undo cleanups
+	started := false
+	defer func() {
+		if !started {
+			undo.run()
+		}
+	}()
 	httpAddr := ""
 	if topo.ServesAPI() {
 		if r.ln, err = net.Listen("tcp", o.address()); err != nil {
@@ -133,12 +142,12 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		ln := r.conns.Apply(r.server, r.ln)
 		go func() { r.served <- r.server.Serve(ln) }()
 	}
-	closeListener := func() {
+	undo.push(func() {
 		if r.server != nil {
 			// Its listener, and the connections it answered "starting" on.
 			r.server.Close()
 		}
-	}
+	})
 
 	if o.Hostname == "" {
 		o.Hostname, _ = os.Hostname()
@@ -158,10 +167,9 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		}
 	}
 	if err != nil {
-		closeListener()
 		return nil, err
 	}
-	stopNode := r.node.Stop
+	undo.push(r.node.Stop)
 	cfg := actors.DefaultNodeConfig()
 	cfg.Name = r.node.Name()
 	cfg.NodeID = o.NodeID
@@ -190,8 +198,6 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 			mcfg.RosterSeal, err = o.TLS.RosterSeal()
 		}
 		if err != nil {
-			stopNode()
-			closeListener()
 			return nil, err
 		}
 	}
@@ -201,10 +207,9 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		mcfg.Meta = cfg.PendingMeta()
 		mcfg.Meta.JoiningActorAddress = r.node.Address()
 		if r.membership, err = StartMembership(ctx, mcfg); err != nil {
-			stopNode()
-			closeListener()
 			return nil, err
 		}
+		undo.push(func() { r.membership.Leave(time.Second) })
 		start := topo.StartRank
 		if topo.AutoStart {
 			start = -1
@@ -214,37 +219,22 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		hold, err := r.membership.Claim(claimCtx, control.Claim{Start: start, Count: topo.LocalSize, Experts: p.experts}, mcfg.Founder)
 		cancel()
 		if err != nil {
-			r.membership.Leave(time.Second)
-			stopNode()
-			closeListener()
 			return nil, fmt.Errorf("cluster: this node got no ranks: %w", err)
 		}
 		topo.StartRank = hold.Start
 		cfg.Topology, cfg.Key = topo, r.membership.Key()
 		o.Logger.Info("the coordinator gave this node its ranks", "ranks", hold.String())
 	}
-	leave := func() {
-		if r.membership != nil {
-			r.membership.Leave(time.Second)
-		}
-	}
-
 	eng, err := p.newEngine(o, inv, topo)
 	if err != nil {
-		leave()
-		stopNode()
-		closeListener()
 		return nil, err
 	}
 	r.closeEngine = eng.close
+	undo.push(eng.close)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if r.conns != nil {
 		if err := r.conns.Register(reg); err != nil {
-			leave()
-			stopNode()
-			closeListener()
-			eng.close()
 			return nil, err
 		}
 	}
@@ -268,10 +258,6 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 	// Each API server counts its own picks: vLLM's policy bumps a rank by
 	// the number of API servers, which a node does not know in advance.
 	if cfg.Policy, err = dp.NewPolicy(o.BalancePolicy, dp.PolicyConfig{APIServers: 1, StepTokens: p.scheduler.MaxNumBatchedTokens, Seed: mrand.Uint64()}); err != nil {
-		leave()
-		stopNode()
-		closeListener()
-		eng.close()
 		return nil, err
 	}
 	cfg.Restart.MaxRestarts, cfg.Restart.Window = o.EngineMaxRestarts, o.EngineRestartWindow
@@ -281,23 +267,15 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		cfg.StartTimeout = eng.startTimeout
 	}
 	if err = r.node.Start(cfg); err != nil {
-		// Start stopped the node.
-		leave()
-		closeListener()
-		eng.close()
 		return nil, err
 	}
 	if r.membership == nil {
 		mcfg.Name, mcfg.Meta = cfg.Name, r.node.Meta()
-		r.membership, err = StartMembership(ctx, mcfg)
-	} else {
-		err = r.membership.SetMeta(r.node.Meta())
-	}
-	if err != nil {
-		leave()
-		r.node.Stop()
-		closeListener()
-		eng.close()
+		if r.membership, err = StartMembership(ctx, mcfg); err != nil {
+			return nil, err
+		}
+		undo.push(func() { r.membership.Leave(time.Second) })
+	} else if err = r.membership.SetMeta(r.node.Meta()); err != nil {
 		return nil, err
 	}
 	r.membership.Attach(r.node)
@@ -325,10 +303,6 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 			Logger:          o.Logger,
 		})
 		if err != nil {
-			r.membership.Leave(time.Second)
-			r.node.Stop()
-			closeListener()
-			eng.close()
 			return nil, err
 		}
 		r.api = api
@@ -344,7 +318,6 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 			r.metricsLn, err = net.Listen("tcp", addr)
 		}
 		if err != nil {
-			_ = r.Shutdown()
 			return nil, fmt.Errorf("cluster: serving metrics on %s: %w", addr, err)
 		}
 		r.metricsAPI = m
@@ -362,7 +335,20 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		append(eng.describe, "balance_policy", o.BalancePolicy, "ranks", rankRange(topo),
 			"gpus", inv.Source, "gossip", r.membership.Address(), "actors", r.node.Meta().ActorAddress,
 			"seeds", len(o.Seeds), "max_model_len", p.scheduler.MaxModelLen)...)...)
+	started = true
 	return r, nil
+}
+
+// cleanups is a start's undo stack.
+type cleanups []func()
+
+func (c *cleanups) push(f func()) { *c = append(*c, f) }
+
+// run calls the cleanups, the last pushed first.
+func (c cleanups) run() {
+	for i := len(c) - 1; i >= 0; i-- {
+		c[i]()
+	}
 }
 
 // nodeName is unique per incarnation: a restarted node is a new member,
@@ -505,7 +491,6 @@ func Run(ctx context.Context, o Options) error {
 		return r.Leave()
 	case err := <-r.served:
 		r.membership.Leave(2 * time.Second)
-		r.node.Stop()
 		r.closeEngine()
 		return fmt.Errorf("cluster: the HTTP server stopped: %w", err)
 	case <-r.node.Failed():

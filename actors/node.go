@@ -382,7 +382,7 @@ func storeNewer(p *atomic.Pointer[control.Roster], r control.Roster) bool {
 func (n *Node) Roster() control.Roster { return *n.roster.Load() }
 
 // ClaimRanks hands the node a node's claim for ranks, or (release) its
-// leave; the node decides it when it runs the coordinator, and ignores it
+// leave; the node decides it when it leads, and ignores it
 // otherwise. It never blocks.
 func (n *Node) ClaimRanks(c control.Claim, release bool) {
 	n.system.Root.Send(n.root, &claimRanks{claim: c, release: release})
@@ -515,7 +515,7 @@ type getMembers struct{}
 // rosterChanged tells the node actor that Node.roster moved on.
 type rosterChanged struct{}
 
-// claimRanks is a node's claim, for the coordinator's node to decide.
+// claimRanks is a node's claim, for the leader to decide.
 type claimRanks struct {
 	claim   control.Claim
 	release bool

@@ -18,7 +18,7 @@ func (n *nodeActor) decides() bool {
 	return n.election.Decides && n.election.Leader.Name == n.cfg.Name && n.cfg.PublishRoster != nil
 }
 
-// decide adopts a roster this node's coordinator decided, and spreads it;
+// decide adopts a roster this node decided as the leader, and spreads it;
 // claimant is the node whose claim it answers, if any.
 func (n *nodeActor) decide(ctx actor.Context, next control.Roster, claimant string) {
 	if storeNewer(n.roster, next) {
@@ -30,7 +30,7 @@ func (n *nodeActor) decide(ctx actor.Context, next control.Roster, claimant stri
 }
 
 // commitJoining makes a joining node's ranks the deployment's once it
-// serves them, when this node runs the coordinator.
+// serves them, when this node leads.
 func (n *nodeActor) commitJoining(ctx actor.Context, key string, m *dpnodev1.NodeMeta) {
 	if !n.decides() || key == "" {
 		return
@@ -45,7 +45,7 @@ func (n *nodeActor) commitJoining(ctx actor.Context, key string, m *dpnodev1.Nod
 }
 
 // dropJoining frees the ranks of a node that left before it served them,
-// when this node runs the coordinator: it may never come back.
+// when this node leads: it may never come back.
 func (n *nodeActor) dropJoining(ctx actor.Context, key string) {
 	if !n.decides() || key == "" {
 		return
@@ -58,7 +58,7 @@ func (n *nodeActor) dropJoining(ctx actor.Context, key string) {
 	n.decide(ctx, next, "")
 }
 
-// sweepJoining settles the joining holds a new coordinator finds: those
+// sweepJoining settles the joining holds a new leader finds: those
 // of nodes that serve are committed, those of nodes gone are freed.
 func (n *nodeActor) sweepJoining(ctx actor.Context) {
 	present := map[string]bool{}

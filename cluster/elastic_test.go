@@ -360,7 +360,7 @@ func TestSimultaneousJoinsTakeDistinctRanks(t *testing.T) {
 	if got := holdsOf(t, a)[victim]; got != holds[victim] {
 		t.Fatalf("the restarted node holds %v, before its crash %v", got, holds[victim])
 	}
-	again.waitLog(fmt.Sprintf(`the coordinator gave this node its ranks" ranks="ranks %d to %d"`, holds[victim][0], holds[victim][0]+1), time.Second)
+	again.waitLog(fmt.Sprintf(`the leader gave this node its ranks" ranks="ranks %d to %d"`, holds[victim][0], holds[victim][0]+1), time.Second)
 }
 
 // TestFullDeploymentRefusesAJoin: a fixed size with ranks given out
@@ -375,12 +375,12 @@ func TestFullDeploymentRefusesAJoin(t *testing.T) {
 	// its ID.
 	startProc(t, ipA, node(ipA, "--node-id", "node-a")...)
 	b := startProc(t, ipB, node(ipB, "--seeds", ipA+":7946", "--node-id", "node-b")...)
-	b.waitLog(`the coordinator gave this node its ranks" ranks="ranks 2 to 3"`, time.Second)
+	b.waitLog(`the leader gave this node its ranks" ranks="ranks 2 to 3"`, time.Second)
 	c, err := launch(t, ipC, node(ipC, "--seeds", ipA+":7946", "--node-id", "node-c", "--join-timeout", "20s")...)
 	if err == nil {
 		t.Fatalf("a third node of 2 ranks joined a deployment of 4 that two nodes fill")
 	}
-	c.waitLog(`the coordinator refused this node's ranks: dp: no 2 free consecutive ranks below 4 .* the deployment is full`, time.Second)
+	c.waitLog(`the leader refused this node's ranks: control: no 2 free consecutive ranks below 4 .* the deployment is full`, time.Second)
 }
 
 // TestExternalRanksGivenOut: in external mode each node serves one rank,
@@ -392,8 +392,8 @@ func TestExternalRanksGivenOut(t *testing.T) {
 	}
 	a := startProc(t, ipA, node(ipA)...)
 	b := startProc(t, ipB, node(ipB, "--seeds", ipA+":7946")...)
-	a.waitLog(`the coordinator gave this node its ranks" ranks="rank 0"`, time.Second)
-	b.waitLog(`the coordinator gave this node its ranks" ranks="rank 1"`, time.Second)
+	a.waitLog(`the leader gave this node its ranks" ranks="rank 0"`, time.Second)
+	b.waitLog(`the leader gave this node its ranks" ranks="rank 1"`, time.Second)
 	a.waitView("the deployment at 2 ranks", 10*time.Second, func(v clusterView) bool { return v.Size == 2 && len(v.Nodes) == 2 })
 	// Each serves its own rank, and only it.
 	for _, p := range []*proc{a, b} {

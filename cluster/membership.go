@@ -83,7 +83,7 @@ type MembershipConfig struct {
 }
 
 // Handler is what a running node takes from gossip: membership changes,
-// a conflict that ends it, rosters, and (on the coordinator's node)
+// a conflict that ends it, rosters, and (on the leader)
 // claims for ranks. actors.Node is one.
 type Handler interface {
 	MemberEvent(*control.MemberEvent)
@@ -339,7 +339,7 @@ func (m *Membership) Roster() control.Roster {
 	return m.d.roster
 }
 
-// Publish spreads a roster this node's coordinator decided, in answer to
+// Publish spreads a roster this node decided as the leader, in answer to
 // the claim of the node whose key is claimant (or to none): a new roster
 // by gossip and to every member over TCP, since gossip carries a message
 // only within a UDP packet, and a roster of a few dozen nodes outgrows
@@ -375,7 +375,7 @@ func (m *Membership) sendAll(b []byte) {
 }
 
 // sendClaim sends c to the node actor of every member that serves (the
-// coordinator's node is one of them); members that wait for their ranks
+// leader is one of them); members that wait for their ranks
 // have none yet.
 func (m *Membership) sendClaim(c *dpnodev1.RankClaim) {
 	if m.d.cfg.SendClaim == nil {
@@ -405,8 +405,8 @@ func keyOf(n *memberlist.Node) string {
 	return n.Address()
 }
 
-// ErrNoCoordinator says that no coordinator answered a claim for ranks.
-var ErrNoCoordinator = errors.New("no coordinator answered: it runs on the oldest node once the live nodes hold a majority of the deployment's ranks")
+// ErrNoLeader says that no leader answered a claim for ranks.
+var ErrNoLeader = errors.New("no leader answered: the oldest node leads once the live nodes hold a majority of the deployment's ranks")
 
 // serving lists the members that serve ranks they were not given by a
 // roster (their flags named them): ranks a founder must not take.
@@ -425,9 +425,9 @@ func (m *Membership) serving() []control.Member {
 // claimEvery is how often a claim is sent again until it is answered.
 const claimEvery = time.Second
 
-// Claim asks the coordinator for this node's ranks and waits for the
+// Claim asks the leader for this node's ranks and waits for the
 // roster that gives them, or for its refusal. A node that starts a new
-// cluster (founder) has no coordinator to ask: it writes the first roster
+// cluster (founder) has no leader to ask: it writes the first roster
 // itself.
 func (m *Membership) Claim(ctx context.Context, c control.Claim, founder bool) (control.Hold, error) {
 	c.Node = m.Key()
@@ -462,7 +462,7 @@ func (m *Membership) Release(ctx context.Context) error {
 	return err
 }
 
-// untilRoster sends claim to every member (the coordinator's node is the
+// untilRoster sends claim to every member (the leader is the
 // one that acts) until done says the roster answered it.
 func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim, done func(control.Roster) (control.Hold, bool, error)) (control.Hold, error) {
 	d := m.d
@@ -497,7 +497,7 @@ func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim,
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return control.Hold{}, fmt.Errorf("%w (%v)", ErrNoCoordinator, ctx.Err())
+			return control.Hold{}, fmt.Errorf("%w (%v)", ErrNoLeader, ctx.Err())
 		}
 		t.Stop()
 	}
@@ -627,7 +627,7 @@ func (d *delegate) currentRoster() control.Roster {
 // cluster's.
 func (d *delegate) adopt(r control.Roster, msg []byte) bool {
 	if msg == nil {
-		// Signed only when it will be kept: a coordinator publishes
+		// Signed only when it will be kept: a leader publishes
 		// its roster again for every claimant that has not heard of it.
 		if cur := d.currentRoster(); r.Fixed != cur.Fixed || !r.Newer(cur) {
 			return false
@@ -704,7 +704,7 @@ func (d *delegate) receive(b []byte) {
 			return
 		}
 		d.mu.Lock()
-		d.claimRefusal = fmt.Errorf("cluster: the coordinator refused this node's ranks: %s", body.Refused.Reason)
+		d.claimRefusal = fmt.Errorf("cluster: the leader refused this node's ranks: %s", body.Refused.Reason)
 		close(d.changed)
 		d.changed = make(chan struct{})
 		d.mu.Unlock()

@@ -61,7 +61,7 @@ func TestPodsStartInAnyOrder(t *testing.T) {
 	p2 := pod(2, ips[2])
 	// The two find each other by the name, and wait for ranks together.
 	for _, p := range []*proc{p1, p2} {
-		p.waitLog(`msg="joined; asking the coordinator for ranks"`, 30*time.Second)
+		p.waitLog(`msg="joined; asking the leader for ranks"`, 30*time.Second)
 	}
 	p0 := pod(0, ips[0])
 	for _, p := range []*proc{p0, p1, p2} {

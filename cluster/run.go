@@ -202,7 +202,7 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		}
 	}
 	if (topo.AutoStart || topo.Elastic) && topo.LocalSize > 0 {
-		// The coordinator gives the node its ranks: it joins gossip
+		// The leader gives the node its ranks: it joins gossip
 		// first, without ranks, and asks.
 		mcfg.Meta = cfg.PendingMeta()
 		mcfg.Meta.JoiningActorAddress = r.node.Address()
@@ -214,7 +214,7 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		if topo.AutoStart {
 			start = -1
 		}
-		o.Logger.Info("joined; asking the coordinator for ranks", "ranks", topo.LocalSize, "gossip", r.membership.Address())
+		o.Logger.Info("joined; asking the leader for ranks", "ranks", topo.LocalSize, "gossip", r.membership.Address())
 		claimCtx, cancel := context.WithTimeout(ctx, o.JoinTimeout)
 		hold, err := r.membership.Claim(claimCtx, control.Claim{Start: start, Count: topo.LocalSize, Experts: p.experts}, mcfg.Founder)
 		cancel()
@@ -223,7 +223,7 @@ func StartContext(ctx context.Context, o Options) (*Running, error) {
 		}
 		topo.StartRank = hold.Start
 		cfg.Topology, cfg.Key = topo, r.membership.Key()
-		o.Logger.Info("the coordinator gave this node its ranks", "ranks", hold.String())
+		o.Logger.Info("the leader gave this node its ranks", "ranks", hold.String())
 	}
 	eng, err := p.newEngine(o, inv, topo)
 	if err != nil {

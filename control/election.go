@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// Member is what the coordinator election knows of a live node.
+// Member is what the leader election knows of a live node.
 type Member struct {
 	Name string
 	// Boot is the node's start time in Unix nanoseconds; with Name it
@@ -27,7 +27,8 @@ func older(a, b Member) int {
 	return cmp.Or(cmp.Compare(a.Boot, b.Boot), cmp.Compare(a.Name, b.Name))
 }
 
-// Election is one node's verdict on who runs the coordinator.
+// Election is one node's verdict on who leads: the leader decides the
+// roster, and its node runs the coordinator.
 type Election struct {
 	// Leader is the oldest live member; zero when there is none.
 	Leader Member
@@ -49,7 +50,7 @@ type Election struct {
 	Decides bool
 }
 
-// Elect picks the coordinator among the members one node sees alive; the
+// Elect picks the leader among the members one node sees alive; the
 // roster says which ranks the deployment has.
 func Elect(members []Member, roster Roster) Election {
 	var e Election
@@ -92,7 +93,7 @@ func RankConflict(joining Member, members []Member) error {
 		lo := max(m.StartRank, joining.StartRank)
 		hi := min(m.StartRank+m.LocalSize, joining.StartRank+joining.LocalSize)
 		if lo < hi {
-			return fmt.Errorf("dp: rank %d is already served by node %s (ranks %d to %d); give this node other ranks with --data-parallel-start-rank",
+			return fmt.Errorf("control: rank %d is already served by node %s (ranks %d to %d); give this node other ranks with --data-parallel-start-rank",
 				lo, m.Name, m.StartRank, m.StartRank+m.LocalSize-1)
 		}
 	}

@@ -17,7 +17,7 @@ type Hold struct {
 	Start, Count int
 	// Joining: the ranks are the node's, but it has not started them. A
 	// joining hold keeps its ranks from other nodes and is not part of
-	// the deployment's size until the coordinator sees the node serve
+	// the deployment's size until the leader sees the node serve
 	// (Commit), so that a node that dies while it loads its model leaves
 	// the size, and the quorum, as they were.
 	Joining bool
@@ -33,9 +33,9 @@ func (h Hold) String() string {
 	return fmt.Sprintf("ranks %d to %d", h.Start, h.End()-1)
 }
 
-// Roster is which node holds which ranks, as the coordinator decided it.
+// Roster is which node holds which ranks, as the leader decided it.
 // It is cluster state with a version: every change is decided by one
-// coordinator, which holds a majority of the ranks of the roster it
+// leader, which holds a majority of the ranks of the roster it
 // changes, and nodes keep the newest roster they have heard of. A count
 // of the visible members would not do: each side of a partition would
 // see a majority of its own.
@@ -49,9 +49,9 @@ func (h Hold) String() string {
 type Roster struct {
 	// Version rises with every change.
 	Version uint64
-	// Epoch is the epoch of the coordinator that made the change; it
-	// orders two rosters of one version (two coordinators that each
-	// believed they led, for a moment).
+	// Epoch is the epoch of the leader that made the change; it orders
+	// two rosters of one version (two leaders that each believed they
+	// led, for a moment).
 	Epoch uint64
 	// Fixed is the fixed size; 0 for an elastic one.
 	Fixed int
@@ -141,7 +141,7 @@ type Claim struct {
 }
 
 // Assign gives a claim its ranks and returns the roster that records it,
-// with the version and epoch of the deciding coordinator, and the hold.
+// with the version and epoch of the deciding leader, and the hold.
 // A node that holds ranks already keeps them (it restarted) when it asks
 // for as many; the roster is then returned unchanged. Otherwise it gets
 // the ranks it named, or the lowest Count consecutive ranks that nobody
@@ -150,7 +150,7 @@ type Claim struct {
 // deployment, and nodes that gave their ranks back but have not left).
 func (r Roster) Assign(c Claim, busy []Member, epoch uint64) (Roster, Hold, error) {
 	if c.Count < 1 {
-		return r, Hold{}, fmt.Errorf("dp: node %s asks for %d ranks; a node that joins brings at least one", c.Node, c.Count)
+		return r, Hold{}, fmt.Errorf("control: node %s asks for %d ranks; a node that joins brings at least one", c.Node, c.Count)
 	}
 	if h, ok := r.Holding(c.Node); ok && h.Count == c.Count && (c.Start < 0 || c.Start == h.Start) {
 		return r, h, nil
@@ -181,11 +181,11 @@ func (r Roster) Assign(c Claim, busy []Member, epoch uint64) (Roster, Hold, erro
 	}
 	switch {
 	case start+c.Count > limit && c.Start < 0:
-		return r, Hold{}, fmt.Errorf("dp: no %d free consecutive ranks below %d for node %s; the deployment is full", c.Count, limit, c.Node)
+		return r, Hold{}, fmt.Errorf("control: no %d free consecutive ranks below %d for node %s; the deployment is full", c.Count, limit, c.Node)
 	case start+c.Count > limit:
-		return r, Hold{}, fmt.Errorf("dp: node %s asks for ranks %d to %d, but ranks end at %d", c.Node, start, start+c.Count-1, limit-1)
+		return r, Hold{}, fmt.Errorf("control: node %s asks for ranks %d to %d, but ranks end at %d", c.Node, start, start+c.Count-1, limit-1)
 	case taken(start, start+c.Count):
-		return r, Hold{}, fmt.Errorf("dp: node %s asks for ranks %d to %d, and some are already held; give it other ranks with --data-parallel-start-rank, or auto", c.Node, start, start+c.Count-1)
+		return r, Hold{}, fmt.Errorf("control: node %s asks for ranks %d to %d, and some are already held; give it other ranks with --data-parallel-start-rank, or auto", c.Node, start, start+c.Count-1)
 	}
 	h := Hold{Node: c.Node, Start: start, Count: c.Count, Joining: true}
 	next.Holds = append(next.Holds, h)
@@ -196,7 +196,7 @@ func (r Roster) Assign(c Claim, busy []Member, epoch uint64) (Roster, Hold, erro
 		grown += h.Count
 	}
 	if c.Experts > 0 && next.Elastic() && c.Experts%grown != 0 {
-		return r, Hold{}, fmt.Errorf("dp: node %s would make the deployment %d ranks, which does not divide the model's %d experts; grow it by steps that keep the size a divisor of %d",
+		return r, Hold{}, fmt.Errorf("control: node %s would make the deployment %d ranks, which does not divide the model's %d experts; grow it by steps that keep the size a divisor of %d",
 			c.Node, grown, c.Experts, c.Experts)
 	}
 	next.Version, next.Epoch = r.Version+1, epoch

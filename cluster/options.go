@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dpnode/dpnode/actors"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/llamacpp"
@@ -182,6 +183,8 @@ type Options struct {
 
 // DefaultOptions are the defaults of `dpnode join`.
 func DefaultOptions() Options {
+	// What the node's actors default to is said once, in actors.
+	node := actors.DefaultNodeConfig()
 	return Options{
 		Host:                  "0.0.0.0",
 		Port:                  8000,
@@ -200,12 +203,12 @@ func DefaultOptions() Options {
 		KVCacheDtype:          "auto",
 		GreedyInGraph:         "auto",
 		GPUs:                  2,
-		CollectiveTimeout:     5 * time.Second,
+		CollectiveTimeout:     node.CollectiveTimeout,
 		BalancePolicy:         dp.PolicyLive,
-		Migration:             true,
-		MaxMigrations:         3,
-		EngineMaxRestarts:     5,
-		EngineRestartWindow:   time.Minute,
+		Migration:             node.Migration,
+		MaxMigrations:         node.MaxMigrations,
+		EngineMaxRestarts:     node.Restart.MaxRestarts,
+		EngineRestartWindow:   node.Restart.Window,
 		DrainTimeout:          30 * time.Second,
 		JoinTimeout:           time.Minute,
 		MaxPendingRequests:    -1,

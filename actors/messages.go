@@ -3,7 +3,11 @@ package actors
 import (
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/engine"
+	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
 // AnyRank lets the API server choose the rank of a request.
@@ -93,4 +97,60 @@ type expireParked struct{}
 // coordinatorTick wakes the coordinator when a snapshot may be due.
 type coordinatorTick struct {
 	gen uint64
+}
+
+// The node actor's own messages.
+
+type getChildren struct{}
+
+type children struct {
+	apiServer *actor.PID
+}
+
+// nodeUp and nodeDown tell the API server about other nodes.
+type nodeUp struct {
+	name string
+	meta *dpnodev1.NodeMeta
+}
+
+type nodeDown struct {
+	name string
+}
+
+// coordinatorStarted tells the node that its coordinator (re)started and
+// must be told to everyone.
+type coordinatorStarted struct{}
+
+type membershipReady struct{}
+
+// apiServerStarted asks the node actor to tell a (re)started API server
+// what it knows: the members and the coordinator.
+type apiServerStarted struct{}
+
+// endpointLost tells the node that the actor transport lost its
+// connection to a peer's address; peerGone, that the peer's port refused
+// a connection since: its process is gone.
+type endpointLost struct {
+	address string
+}
+
+type peerGone struct {
+	name, address string
+	err           error
+}
+
+// dropRanks tells the coordinator that ranks left the cluster.
+type dropRanks struct {
+	ranks []int
+}
+
+type getMembers struct{}
+
+// rosterChanged tells the node actor that Node.roster moved on.
+type rosterChanged struct{}
+
+// claimRanks is a node's claim, for the leader to decide.
+type claimRanks struct {
+	claim   control.Claim
+	release bool
 }

@@ -75,11 +75,12 @@ type MembershipConfig struct {
 	// over the actor transport, whose peers are authenticated, and never
 	// by gossip, whose messages say nothing of who sent them.
 	SendClaim func(address string, c *dpnodev1.RankClaim)
-	// RosterSeal, when set, signs the rosters this node decides, and
-	// rosters are adopted only signed by a certificate it accepts (cluster
-	// TLS): the gossip key alone does not hand out ranks.
-	RosterSeal RosterSeal
-	Logger     *slog.Logger
+	// Seal, when set, signs the rosters this node decides and the
+	// refusals it sends, and those are taken only signed by a certificate
+	// it accepts (cluster TLS): the gossip key alone neither hands out
+	// ranks nor turns a node away.
+	Seal   Seal
+	Logger *slog.Logger
 }
 
 // Handler is what a running node takes from gossip: membership changes,
@@ -392,7 +393,17 @@ func (m *Membership) sendClaim(c *dpnodev1.RankClaim) {
 
 // Refuse tells the node whose key is node that it gets no ranks, and why.
 func (m *Membership) Refuse(node string, err error) {
-	m.sendTo(node, mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Refused{Refused: &dpnodev1.ClaimRefused{Node: node, Reason: err.Error()}}}))
+	cr := &dpnodev1.ClaimRefused{Node: node, Reason: err.Error()}
+	msg := &dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Refused{Refused: cr}}
+	if seal := m.d.cfg.Seal; seal != nil {
+		signed, err := seal.Sign(mustMarshal(cr))
+		if err != nil {
+			m.d.cfg.Logger.Error("cannot tell a node why it gets no ranks", "node", node, "error", err)
+			return
+		}
+		msg.Body = &dpnodev1.GossipMessage_SignedRefused{SignedRefused: signed}
+	}
+	m.sendTo(node, mustMarshal(msg))
 }
 
 // keyOf is a member's identity in the roster: its --node-id, or else its
@@ -513,7 +524,7 @@ func mustMarshal(msg proto.Message) []byte {
 
 // encodeRoster is the gossip message of a roster this node decided:
 // signed with seal, when there is one.
-func encodeRoster(r control.Roster, seal RosterSeal) ([]byte, error) {
+func encodeRoster(r control.Roster, seal Seal) ([]byte, error) {
 	pr := &dpnodev1.Roster{Version: r.Version, Epoch: r.Epoch, FixedSize: uint32(r.Fixed)}
 	for _, h := range r.Holds {
 		pr.Holds = append(pr.Holds, &dpnodev1.RankHold{Node: h.Node, StartRank: uint32(h.Start), Count: uint32(h.Count)})
@@ -562,10 +573,10 @@ type delegate struct {
 	joining atomic.Bool
 	// gossipClaims is set once a claim came by gossip (and was ignored).
 	gossipClaims atomic.Bool
-	// rosterWarned is when a roster was last ignored with a warning, in
-	// Unix nanoseconds.
-	rosterWarned atomic.Int64
-	queue        *memberlist.TransmitLimitedQueue
+	// ignoredWarned is when a message was last ignored with a warning,
+	// in Unix nanoseconds.
+	ignoredWarned atomic.Int64
+	queue         *memberlist.TransmitLimitedQueue
 
 	mu      sync.Mutex
 	list    *memberlist.Memberlist
@@ -633,7 +644,7 @@ func (d *delegate) adopt(r control.Roster, msg []byte) bool {
 			return false
 		}
 		var err error
-		if msg, err = encodeRoster(r, d.cfg.RosterSeal); err != nil {
+		if msg, err = encodeRoster(r, d.cfg.Seal); err != nil {
 			d.cfg.Logger.Error("cannot spread a roster this node decided", "error", err)
 			return false
 		}
@@ -665,34 +676,18 @@ func (d *delegate) receive(b []byte) {
 	}
 	switch body := msg.Body.(type) {
 	case *dpnodev1.GossipMessage_Roster:
-		if d.cfg.RosterSeal != nil {
-			d.warnRoster(errors.New("cluster: an unsigned roster, under cluster TLS"))
+		if d.cfg.Seal != nil {
+			d.warnIgnored(errors.New("cluster: an unsigned roster, under cluster TLS"))
 			return
 		}
-		r, err := decodeRoster(body.Roster)
-		if err != nil {
-			d.warnRoster(err)
-			return
-		}
-		d.adopt(r, b)
+		d.takeRoster(body.Roster, b)
 	case *dpnodev1.GossipMessage_SignedRoster:
-		if d.cfg.RosterSeal != nil {
-			if err := d.cfg.RosterSeal.Check(body.SignedRoster); err != nil {
-				d.warnRoster(err)
-				return
-			}
-		}
 		var pr dpnodev1.Roster
-		if err := proto.Unmarshal(body.SignedRoster.Roster, &pr); err != nil {
-			d.warnRoster(err)
+		if err := d.open(body.SignedRoster, &pr); err != nil {
+			d.warnIgnored(err)
 			return
 		}
-		r, err := decodeRoster(&pr)
-		if err != nil {
-			d.warnRoster(err)
-			return
-		}
-		d.adopt(r, b)
+		d.takeRoster(&pr, b)
 	case *dpnodev1.GossipMessage_Claim:
 		// Anyone with the gossip key could send one, naming any node:
 		// claims come over the actor transport only.
@@ -700,15 +695,53 @@ func (d *delegate) receive(b []byte) {
 			d.cfg.Logger.Warn("ignoring a claim for ranks sent by gossip: claims come over the actor transport, from a node of this version or newer", "node", body.Claim.Node)
 		}
 	case *dpnodev1.GossipMessage_Refused:
-		if body.Refused.Node != d.key() {
+		if d.cfg.Seal != nil {
+			d.warnIgnored(errors.New("cluster: an unsigned refusal of a claim, under cluster TLS"))
 			return
 		}
-		d.mu.Lock()
-		d.claimRefusal = fmt.Errorf("cluster: the leader refused this node's ranks: %s", body.Refused.Reason)
-		close(d.changed)
-		d.changed = make(chan struct{})
-		d.mu.Unlock()
+		d.takeRefusal(body.Refused)
+	case *dpnodev1.GossipMessage_SignedRefused:
+		var cr dpnodev1.ClaimRefused
+		if err := d.open(body.SignedRefused, &cr); err != nil {
+			d.warnIgnored(err)
+			return
+		}
+		d.takeRefusal(&cr)
 	}
+}
+
+// open checks a signed message (under cluster TLS) and reads its body
+// into m.
+func (d *delegate) open(s *dpnodev1.Signed, m proto.Message) error {
+	if d.cfg.Seal != nil {
+		if err := d.cfg.Seal.Check(s); err != nil {
+			return err
+		}
+	}
+	return proto.Unmarshal(s.Body, m)
+}
+
+// takeRoster adopts a roster that came in msg, when it is newer.
+func (d *delegate) takeRoster(pr *dpnodev1.Roster, msg []byte) {
+	r, err := decodeRoster(pr)
+	if err != nil {
+		d.warnIgnored(err)
+		return
+	}
+	d.adopt(r, msg)
+}
+
+// takeRefusal ends this node's wait for ranks, when the refusal is of its
+// claim.
+func (d *delegate) takeRefusal(cr *dpnodev1.ClaimRefused) {
+	if cr.Node != d.key() {
+		return
+	}
+	d.mu.Lock()
+	d.claimRefusal = fmt.Errorf("cluster: the leader refused this node's ranks: %s", cr.Reason)
+	close(d.changed)
+	d.changed = make(chan struct{})
+	d.mu.Unlock()
 }
 
 func (d *delegate) refused() error {
@@ -746,17 +779,17 @@ func (d *delegate) rosterMessage() []byte {
 	return d.rosterMsg
 }
 
-// warnRoster says why a roster was ignored, at most once per
-// warnRosterEvery: a peer with the gossip key can send many.
-func (d *delegate) warnRoster(err error) {
+// warnIgnored says why a gossip message was ignored, at most once per
+// warnIgnoredEvery: a peer with the gossip key can send many.
+func (d *delegate) warnIgnored(err error) {
 	now := time.Now().UnixNano()
-	last := d.rosterWarned.Load()
-	if now-last >= int64(warnRosterEvery) && d.rosterWarned.CompareAndSwap(last, now) {
-		d.cfg.Logger.Warn("ignoring a roster", "error", err)
+	last := d.ignoredWarned.Load()
+	if now-last >= int64(warnIgnoredEvery) && d.ignoredWarned.CompareAndSwap(last, now) {
+		d.cfg.Logger.Warn("ignoring a gossip message", "error", err)
 	}
 }
 
-const warnRosterEvery = 10 * time.Second
+const warnIgnoredEvery = 10 * time.Second
 
 // MergeRemoteState implements memberlist.Delegate.
 func (d *delegate) MergeRemoteState(b []byte, _ bool) {

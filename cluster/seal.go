@@ -14,24 +14,25 @@ import (
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
-// RosterSeal signs the rosters a node decides and checks those it hears
-// of. Under cluster TLS a roster travels signed with the deciding node's
-// key, and nodes adopt no other: gossip says nothing of who sent a
-// message, and a roster says which node serves which ranks.
-type RosterSeal interface {
-	Sign(roster []byte) (*dpnodev1.SignedRoster, error)
-	Check(*dpnodev1.SignedRoster) error
+// Seal signs what a node decides and gossips (rosters, refusals of
+// claims) and checks what it hears. Under cluster TLS these travel signed
+// with the sender's node key, and nodes take no other: gossip says
+// nothing of who sent a message, and these say which node serves which
+// ranks.
+type Seal interface {
+	Sign(body []byte) (*dpnodev1.Signed, error)
+	Check(*dpnodev1.Signed) error
 }
 
-// tlsSeal is the RosterSeal of a node's cluster TLS files.
+// tlsSeal is the Seal of a node's cluster TLS files.
 type tlsSeal struct {
 	chain  [][]byte
 	signer crypto.Signer
 	verify func(raw [][]byte) (*x509.Certificate, error)
 }
 
-// RosterSeal returns the seal of the node whose TLS files these are.
-func (f TLSFiles) RosterSeal() (RosterSeal, error) {
+// GossipSeal returns the Seal of the node whose TLS files these are.
+func (f TLSFiles) GossipSeal() (Seal, error) {
 	pair, verify, err := f.load()
 	if err != nil {
 		return nil, err
@@ -43,26 +44,26 @@ func (f TLSFiles) RosterSeal() (RosterSeal, error) {
 	return &tlsSeal{chain: pair.Certificate, signer: signer, verify: verify}, nil
 }
 
-func (s *tlsSeal) Sign(roster []byte) (*dpnodev1.SignedRoster, error) {
+func (s *tlsSeal) Sign(body []byte) (*dpnodev1.Signed, error) {
 	var opts crypto.SignerOpts = crypto.SHA256
-	digest := roster
+	digest := body
 	if _, ok := s.signer.Public().(ed25519.PublicKey); ok {
 		opts = crypto.Hash(0)
 	} else {
-		sum := sha256.Sum256(roster)
+		sum := sha256.Sum256(body)
 		digest = sum[:]
 	}
 	sig, err := s.signer.Sign(rand.Reader, digest, opts)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: signing a roster: %w", err)
+		return nil, fmt.Errorf("cluster: signing a gossip message: %w", err)
 	}
-	return &dpnodev1.SignedRoster{Roster: roster, Certificates: s.chain, Signature: sig}, nil
+	return &dpnodev1.Signed{Body: body, Certificates: s.chain, Signature: sig}, nil
 }
 
-func (s *tlsSeal) Check(sr *dpnodev1.SignedRoster) error {
+func (s *tlsSeal) Check(sr *dpnodev1.Signed) error {
 	cert, err := s.verify(sr.Certificates)
 	if err != nil {
-		return fmt.Errorf("cluster: a roster signed by no certificate of this cluster's CA: %w", err)
+		return fmt.Errorf("cluster: signed by no certificate of this cluster's CA: %w", err)
 	}
 	var algo x509.SignatureAlgorithm
 	switch cert.PublicKey.(type) {
@@ -73,10 +74,10 @@ func (s *tlsSeal) Check(sr *dpnodev1.SignedRoster) error {
 	case ed25519.PublicKey:
 		algo = x509.PureEd25519
 	default:
-		return fmt.Errorf("cluster: a roster signed with a %T key", cert.PublicKey)
+		return fmt.Errorf("cluster: signed with a %T key", cert.PublicKey)
 	}
-	if err := cert.CheckSignature(algo, sr.Roster, sr.Signature); err != nil {
-		return errors.New("cluster: a roster whose signature does not match its signer's certificate")
+	if err := cert.CheckSignature(algo, sr.Body, sr.Signature); err != nil {
+		return errors.New("cluster: a signature that does not match its signer's certificate")
 	}
 	return nil
 }

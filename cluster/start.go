@@ -197,7 +197,7 @@ func (s *startup) join(ctx context.Context) error {
 		var err error
 		s.mcfg.VerifyPeer, err = o.TLS.verifier(r.node.Identify)
 		if err == nil {
-			s.mcfg.RosterSeal, err = o.TLS.RosterSeal()
+			s.mcfg.Seal, err = o.TLS.GossipSeal()
 		}
 		if err != nil {
 			return err

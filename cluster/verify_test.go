@@ -140,8 +140,8 @@ func TestClaimsByGossipAreIgnored(t *testing.T) {
 // so hand out or take away every rank.
 func TestRosterUnderTLSMustBeSigned(t *testing.T) {
 	ours, theirs := newTestCA(t, "ours"), newTestCA(t, "theirs")
-	seal := func(ca *testCA, name string) RosterSeal {
-		s, err := ca.Node(t, name).RosterSeal()
+	seal := func(ca *testCA, name string) Seal {
+		s, err := ca.Node(t, name).GossipSeal()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -151,13 +151,13 @@ func TestRosterUnderTLSMustBeSigned(t *testing.T) {
 	roster := func(version uint64) []byte {
 		return mustMarshal(&dpnodev1.Roster{Version: version, Epoch: 1, Holds: []*dpnodev1.RankHold{{Node: "127.0.0.9:7946", Count: 1}}})
 	}
-	signed := func(s RosterSeal, body []byte, tamper bool) []byte {
+	signed := func(s Seal, body []byte, tamper bool) []byte {
 		sr, err := s.Sign(body)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if tamper {
-			sr.Roster = roster(99)
+			sr.Body = roster(99)
 		}
 		return mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_SignedRoster{SignedRoster: sr}})
 	}
@@ -168,7 +168,7 @@ func TestRosterUnderTLSMustBeSigned(t *testing.T) {
 		}
 		return mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Roster{Roster: &pr}})
 	}
-	d := newDelegate(MembershipConfig{Name: "self", Meta: &dpnodev1.NodeMeta{Model: "m"}, RosterSeal: seal(ours, "self"),
+	d := newDelegate(MembershipConfig{Name: "self", Meta: &dpnodev1.NodeMeta{Model: "m"}, Seal: seal(ours, "self"),
 		Logger: slog.New(slog.DiscardHandler)}, nil, 4)
 	for _, c := range []struct {
 		name string
@@ -207,5 +207,48 @@ func TestRosterUnderTLSMustBeSigned(t *testing.T) {
 	plain.receive(unsigned(1))
 	if v := plain.currentRoster().Version; v != 1 {
 		t.Errorf("without TLS an unsigned roster: version %d, want 1", v)
+	}
+}
+
+// TestRefusalUnderTLSMustBeSigned: under cluster TLS a joining node takes
+// a refusal of its claim only signed by a certificate of the CA. Before,
+// anyone with the gossip key could turn a joining node away.
+func TestRefusalUnderTLSMustBeSigned(t *testing.T) {
+	ours, theirs := newTestCA(t, "ours"), newTestCA(t, "theirs")
+	seal := func(ca *testCA, name string) Seal {
+		s, err := ca.Node(t, name).GossipSeal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	refusal := mustMarshal(&dpnodev1.ClaimRefused{Node: "me", Reason: "the deployment is full"})
+	signed := func(s Seal) []byte {
+		sr, err := s.Sign(refusal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_SignedRefused{SignedRefused: sr}})
+	}
+	var cr dpnodev1.ClaimRefused
+	if err := proto.Unmarshal(refusal, &cr); err != nil {
+		t.Fatal(err)
+	}
+	unsigned := mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Refused{Refused: &cr}})
+	d := newDelegate(MembershipConfig{Name: "self", Meta: &dpnodev1.NodeMeta{Model: "m", NodeId: "me"}, Seal: seal(ours, "me"),
+		Logger: slog.New(slog.DiscardHandler)}, nil, 4)
+	refused := func() error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return d.claimRefusal
+	}
+	d.receive(unsigned)
+	d.receive(signed(seal(theirs, "stranger")))
+	if err := refused(); err != nil {
+		t.Fatalf("an unsigned refusal, or one signed by another CA, was taken: %v", err)
+	}
+	d.receive(signed(seal(ours, "leader")))
+	if err := refused(); err == nil || !strings.Contains(err.Error(), "the deployment is full") {
+		t.Fatalf("the leader's signed refusal: %v", err)
 	}
 }

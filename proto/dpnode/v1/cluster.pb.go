@@ -517,6 +517,7 @@ type GossipMessage struct {
 	//	*GossipMessage_Claim
 	//	*GossipMessage_Refused
 	//	*GossipMessage_SignedRoster
+	//	*GossipMessage_SignedRefused
 	Body          isGossipMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -586,10 +587,19 @@ func (x *GossipMessage) GetRefused() *ClaimRefused {
 	return nil
 }
 
-func (x *GossipMessage) GetSignedRoster() *SignedRoster {
+func (x *GossipMessage) GetSignedRoster() *Signed {
 	if x != nil {
 		if x, ok := x.Body.(*GossipMessage_SignedRoster); ok {
 			return x.SignedRoster
+		}
+	}
+	return nil
+}
+
+func (x *GossipMessage) GetSignedRefused() *Signed {
+	if x != nil {
+		if x, ok := x.Body.(*GossipMessage_SignedRefused); ok {
+			return x.SignedRefused
 		}
 	}
 	return nil
@@ -615,10 +625,15 @@ type GossipMessage_Refused struct {
 }
 
 type GossipMessage_SignedRoster struct {
-	// A roster under cluster TLS, where nodes adopt no other: gossip says
-	// nothing of who sent a message, and anyone with the gossip key could
-	// otherwise hand out ranks.
-	SignedRoster *SignedRoster `protobuf:"bytes,4,opt,name=signed_roster,json=signedRoster,proto3,oneof"`
+	// Under cluster TLS rosters and refusals travel signed, and nodes
+	// take no other: gossip says nothing of who sent a message, and
+	// anyone with the gossip key could otherwise hand out ranks, or turn
+	// a joining node away.
+	SignedRoster *Signed `protobuf:"bytes,4,opt,name=signed_roster,json=signedRoster,proto3,oneof"`
+}
+
+type GossipMessage_SignedRefused struct {
+	SignedRefused *Signed `protobuf:"bytes,5,opt,name=signed_refused,json=signedRefused,proto3,oneof"`
 }
 
 func (*GossipMessage_Roster) isGossipMessage_Body() {}
@@ -629,34 +644,37 @@ func (*GossipMessage_Refused) isGossipMessage_Body() {}
 
 func (*GossipMessage_SignedRoster) isGossipMessage_Body() {}
 
-// SignedRoster is a roster signed by the node that decided it.
-type SignedRoster struct {
+func (*GossipMessage_SignedRefused) isGossipMessage_Body() {}
+
+// Signed is a gossip message's body (a Roster, a ClaimRefused) signed by
+// the node that sent it.
+type Signed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The Roster, marshalled: what was signed.
-	Roster []byte `protobuf:"bytes,1,opt,name=roster,proto3" json:"roster,omitempty"`
+	// The body, marshalled: what was signed.
+	Body []byte `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
 	// The signer's certificate chain (DER, leaf first), which leads to the
 	// cluster's CA.
 	Certificates [][]byte `protobuf:"bytes,2,rep,name=certificates,proto3" json:"certificates,omitempty"`
-	// Its signature of roster: ECDSA or RSA over SHA-256, or Ed25519.
+	// Its signature of body: ECDSA or RSA over SHA-256, or Ed25519.
 	Signature     []byte `protobuf:"bytes,3,opt,name=signature,proto3" json:"signature,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *SignedRoster) Reset() {
-	*x = SignedRoster{}
+func (x *Signed) Reset() {
+	*x = Signed{}
 	mi := &file_dpnode_v1_cluster_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *SignedRoster) String() string {
+func (x *Signed) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*SignedRoster) ProtoMessage() {}
+func (*Signed) ProtoMessage() {}
 
-func (x *SignedRoster) ProtoReflect() protoreflect.Message {
+func (x *Signed) ProtoReflect() protoreflect.Message {
 	mi := &file_dpnode_v1_cluster_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -668,26 +686,26 @@ func (x *SignedRoster) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use SignedRoster.ProtoReflect.Descriptor instead.
-func (*SignedRoster) Descriptor() ([]byte, []int) {
+// Deprecated: Use Signed.ProtoReflect.Descriptor instead.
+func (*Signed) Descriptor() ([]byte, []int) {
 	return file_dpnode_v1_cluster_proto_rawDescGZIP(), []int{7}
 }
 
-func (x *SignedRoster) GetRoster() []byte {
+func (x *Signed) GetBody() []byte {
 	if x != nil {
-		return x.Roster
+		return x.Body
 	}
 	return nil
 }
 
-func (x *SignedRoster) GetCertificates() [][]byte {
+func (x *Signed) GetCertificates() [][]byte {
 	if x != nil {
 		return x.Certificates
 	}
 	return nil
 }
 
-func (x *SignedRoster) GetSignature() []byte {
+func (x *Signed) GetSignature() []byte {
 	if x != nil {
 		return x.Signature
 	}
@@ -993,15 +1011,16 @@ const file_dpnode_v1_cluster_proto_rawDesc = "" +
 	"start_rank\x18\x02 \x01(\x05R\tstartRank\x12\x14\n" +
 	"\x05count\x18\x03 \x01(\rR\x05count\x12\x18\n" +
 	"\arelease\x18\x04 \x01(\bR\arelease\x12\x18\n" +
-	"\aexperts\x18\x05 \x01(\rR\aexperts\"\xe7\x01\n" +
+	"\aexperts\x18\x05 \x01(\rR\aexperts\"\x9d\x02\n" +
 	"\rGossipMessage\x12+\n" +
 	"\x06roster\x18\x01 \x01(\v2\x11.dpnode.v1.RosterH\x00R\x06roster\x12,\n" +
 	"\x05claim\x18\x02 \x01(\v2\x14.dpnode.v1.RankClaimH\x00R\x05claim\x123\n" +
-	"\arefused\x18\x03 \x01(\v2\x17.dpnode.v1.ClaimRefusedH\x00R\arefused\x12>\n" +
-	"\rsigned_roster\x18\x04 \x01(\v2\x17.dpnode.v1.SignedRosterH\x00R\fsignedRosterB\x06\n" +
-	"\x04body\"h\n" +
-	"\fSignedRoster\x12\x16\n" +
-	"\x06roster\x18\x01 \x01(\fR\x06roster\x12\"\n" +
+	"\arefused\x18\x03 \x01(\v2\x17.dpnode.v1.ClaimRefusedH\x00R\arefused\x128\n" +
+	"\rsigned_roster\x18\x04 \x01(\v2\x11.dpnode.v1.SignedH\x00R\fsignedRoster\x12:\n" +
+	"\x0esigned_refused\x18\x05 \x01(\v2\x11.dpnode.v1.SignedH\x00R\rsignedRefusedB\x06\n" +
+	"\x04body\"^\n" +
+	"\x06Signed\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\fR\x04body\x12\"\n" +
 	"\fcertificates\x18\x02 \x03(\fR\fcertificates\x12\x1c\n" +
 	"\tsignature\x18\x03 \x01(\fR\tsignature\":\n" +
 	"\fClaimRefused\x12\x12\n" +
@@ -1040,7 +1059,7 @@ var file_dpnode_v1_cluster_proto_goTypes = []any{
 	(*RankHold)(nil),           // 4: dpnode.v1.RankHold
 	(*RankClaim)(nil),          // 5: dpnode.v1.RankClaim
 	(*GossipMessage)(nil),      // 6: dpnode.v1.GossipMessage
-	(*SignedRoster)(nil),       // 7: dpnode.v1.SignedRoster
+	(*Signed)(nil),             // 7: dpnode.v1.Signed
 	(*ClaimRefused)(nil),       // 8: dpnode.v1.ClaimRefused
 	(*SubscribeRanks)(nil),     // 9: dpnode.v1.SubscribeRanks
 	(*RankStatus)(nil),         // 10: dpnode.v1.RankStatus
@@ -1052,13 +1071,14 @@ var file_dpnode_v1_cluster_proto_depIdxs = []int32{
 	3,  // 1: dpnode.v1.GossipMessage.roster:type_name -> dpnode.v1.Roster
 	5,  // 2: dpnode.v1.GossipMessage.claim:type_name -> dpnode.v1.RankClaim
 	8,  // 3: dpnode.v1.GossipMessage.refused:type_name -> dpnode.v1.ClaimRefused
-	7,  // 4: dpnode.v1.GossipMessage.signed_roster:type_name -> dpnode.v1.SignedRoster
-	10, // 5: dpnode.v1.RankStatuses.ranks:type_name -> dpnode.v1.RankStatus
-	6,  // [6:6] is the sub-list for method output_type
-	6,  // [6:6] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	7,  // 4: dpnode.v1.GossipMessage.signed_roster:type_name -> dpnode.v1.Signed
+	7,  // 5: dpnode.v1.GossipMessage.signed_refused:type_name -> dpnode.v1.Signed
+	10, // 6: dpnode.v1.RankStatuses.ranks:type_name -> dpnode.v1.RankStatus
+	7,  // [7:7] is the sub-list for method output_type
+	7,  // [7:7] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_dpnode_v1_cluster_proto_init() }
@@ -1071,6 +1091,7 @@ func file_dpnode_v1_cluster_proto_init() {
 		(*GossipMessage_Claim)(nil),
 		(*GossipMessage_Refused)(nil),
 		(*GossipMessage_SignedRoster)(nil),
+		(*GossipMessage_SignedRefused)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

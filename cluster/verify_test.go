@@ -140,14 +140,7 @@ func TestClaimsByGossipAreIgnored(t *testing.T) {
 // so hand out or take away every rank.
 func TestRosterUnderTLSMustBeSigned(t *testing.T) {
 	ours, theirs := newTestCA(t, "ours"), newTestCA(t, "theirs")
-	seal := func(ca *testCA, name string) Seal {
-		s, err := ca.Node(t, name).GossipSeal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	leader, stranger := seal(ours, "leader"), seal(theirs, "stranger")
+	leader, stranger := ours.Seal(t, "leader"), theirs.Seal(t, "stranger")
 	roster := func(version uint64) []byte {
 		return mustMarshal(&dpnodev1.Roster{Version: version, Epoch: 1, Holds: []*dpnodev1.RankHold{{Node: "127.0.0.9:7946", Count: 1}}})
 	}
@@ -168,7 +161,7 @@ func TestRosterUnderTLSMustBeSigned(t *testing.T) {
 		}
 		return mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Roster{Roster: &pr}})
 	}
-	d := newDelegate(MembershipConfig{Name: "self", Meta: &dpnodev1.NodeMeta{Model: "m"}, Seal: seal(ours, "self"),
+	d := newDelegate(MembershipConfig{Name: "self", Meta: &dpnodev1.NodeMeta{Model: "m"}, Seal: ours.Seal(t, "self"),
 		Logger: slog.New(slog.DiscardHandler)}, nil, 4)
 	for _, c := range []struct {
 		name string
@@ -215,13 +208,6 @@ func TestRosterUnderTLSMustBeSigned(t *testing.T) {
 // anyone with the gossip key could turn a joining node away.
 func TestRefusalUnderTLSMustBeSigned(t *testing.T) {
 	ours, theirs := newTestCA(t, "ours"), newTestCA(t, "theirs")
-	seal := func(ca *testCA, name string) Seal {
-		s, err := ca.Node(t, name).GossipSeal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
 	refusal := mustMarshal(&dpnodev1.ClaimRefused{Node: "me", Reason: "the deployment is full"})
 	signed := func(s Seal) []byte {
 		sr, err := s.Sign(refusal)
@@ -235,7 +221,7 @@ func TestRefusalUnderTLSMustBeSigned(t *testing.T) {
 		t.Fatal(err)
 	}
 	unsigned := mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Refused{Refused: &cr}})
-	d := newDelegate(MembershipConfig{Name: "self", Meta: &dpnodev1.NodeMeta{Model: "m", NodeId: "me"}, Seal: seal(ours, "me"),
+	d := newDelegate(MembershipConfig{Name: "self", Meta: &dpnodev1.NodeMeta{Model: "m", NodeId: "me"}, Seal: ours.Seal(t, "me"),
 		Logger: slog.New(slog.DiscardHandler)}, nil, 4)
 	refused := func() error {
 		d.mu.Lock()
@@ -243,12 +229,22 @@ func TestRefusalUnderTLSMustBeSigned(t *testing.T) {
 		return d.claimRefusal
 	}
 	d.receive(unsigned)
-	d.receive(signed(seal(theirs, "stranger")))
+	d.receive(signed(theirs.Seal(t, "stranger")))
 	if err := refused(); err != nil {
 		t.Fatalf("an unsigned refusal, or one signed by another CA, was taken: %v", err)
 	}
-	d.receive(signed(seal(ours, "leader")))
+	d.receive(signed(ours.Seal(t, "leader")))
 	if err := refused(); err == nil || !strings.Contains(err.Error(), "the deployment is full") {
 		t.Fatalf("the leader's signed refusal: %v", err)
 	}
+}
+
+// Seal issues a certificate for a node and returns the node's Seal.
+func (ca *testCA) Seal(t *testing.T, name string) Seal {
+	t.Helper()
+	s, err := ca.Node(t, name).GossipSeal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -126,8 +126,11 @@ func oneRequestWakesFourRanks(t *testing.T, hosts map[*proc][]int, a *proc) {
 	for p, used := range used {
 		share := float64(used) / float64(idle)
 		t.Logf("idle CPU of %s over %v: %v (%.1f%%)", p.ip, idle, used, 100*share)
-		if share >= 0.02 {
-			t.Errorf("%s used %.1f%% CPU while idle, want under 2%%", p.ip, 100*share)
+		// Idle is 0 to 0.5% here, and up to 2% under -race beside the
+		// rest of the suite on two cores (CPU time comes in 10 ms ticks);
+		// a step loop that spins while idle costs most of a core.
+		if share >= 0.1 {
+			t.Errorf("%s used %.1f%% CPU while idle, want under 10%%", p.ip, 100*share)
 		}
 	}
 }

@@ -108,9 +108,17 @@ func (n *Node) Address() string { return n.system.Address() }
 // Identify asks the node whose actor system listens at address for its
 // name, within ctx's deadline (a second without one).
 func (n *Node) Identify(ctx context.Context, address string) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
 	timeout := time.Second
 	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
+		// A future given a negative timeout never times out: a deadline
+		// that passed on the way here (a slow TLS handshake before the
+		// call) must end the call, not block it.
+		if timeout = time.Until(d); timeout <= 0 {
+			return "", context.DeadlineExceeded
+		}
 	}
 	res, err := n.system.Root.RequestFuture(actor.NewPID(address, identityID), &dpnodev1.Identify{}, timeout).Result()
 	if err != nil {

@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -300,4 +301,20 @@ func engineCrashMovesRequests(t *testing.T, whole bool) {
 		}
 	}
 	tn.assertSettled(t)
+}
+
+// TestIdentifyPastItsDeadline: a deadline that passed before the call
+// ends it at once. protoactor's futures take a negative timeout as none
+// at all, so the call used to wait on the peer with no end.
+func TestIdentifyPastItsDeadline(t *testing.T) {
+	n, err := Listen("node-a", nil, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Stop()
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	if name, err := n.Identify(ctx, "127.0.0.1:1"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Identify past its deadline: %q, %v", name, err)
+	}
 }

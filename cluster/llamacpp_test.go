@@ -487,8 +487,13 @@ type streamed struct {
 }
 
 // streamAcrossAKill streams n requests at once (request i's prompt, its
-// max_tokens and more fields), kills rank 0's model worker once each has
-// after tokens, and returns what every stream got.
+// max_tokens and more fields), kills rank 0's model worker, and returns
+// what every stream got. The even-numbered requests are pinned to rank 0
+// and the worker dies once each of them has after tokens: they share its
+// batches, so none has finished, whatever the balancer did with the
+// others and however slowly rank 1 started on a busy machine. Pinned,
+// they migrate onto rank 0's next worker; the others go where the
+// balancer sends them.
 func (n *llamaNode) streamAcrossAKill(t *testing.T, count int, req func(i int) ([]uint32, int, map[string]any), after int) []streamed {
 	t.Helper()
 	results := make([]streamed, count)
@@ -497,11 +502,19 @@ func (n *llamaNode) streamAcrossAKill(t *testing.T, count int, req func(i int) (
 	for i := range results {
 		wg.Go(func() {
 			prompt, maxTokens, fields := req(i)
-			results[i] = n.streamIDs(prompt, maxTokens, fields, after, started)
+			var pinned chan<- struct{}
+			if i%2 == 0 {
+				pinned = started
+			}
+			results[i] = n.streamIDs(prompt, maxTokens, fields, after, pinned)
 		})
 	}
-	for range results {
-		<-started
+	for range (count + 1) / 2 {
+		select {
+		case <-started:
+		case <-time.After(2 * time.Minute):
+			t.Fatal("the streams pinned to rank 0 got no tokens")
+		}
 	}
 	pids := workersOf(os.Getpid(), "rank-0")
 	if len(pids) != 1 {
@@ -515,14 +528,20 @@ func (n *llamaNode) streamAcrossAKill(t *testing.T, count int, req func(i int) (
 }
 
 // streamIDs streams prompt's greedy continuation (or as fields say) and
-// returns its token ids and log-probabilities; started gets a value once
-// after tokens came.
+// returns its token ids and log-probabilities. With a started channel the
+// request is pinned to rank 0, and started gets a value once after tokens
+// came.
 func (n *llamaNode) streamIDs(prompt []uint32, maxTokens int, fields map[string]any, after int, started chan<- struct{}) streamed {
-	req := map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
+	body := map[string]any{"prompt": prompt, "max_tokens": maxTokens, "temperature": 0, "ignore_eos": true,
 		"return_token_ids": true, "stream": true}
-	maps.Copy(req, fields)
-	body, _ := json.Marshal(req)
-	resp, err := n.http.Post(n.base+"/v1/completions", "application/json", bytes.NewReader(body))
+	maps.Copy(body, fields)
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, n.base+"/v1/completions", bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	if started != nil {
+		req.Header.Set("X-data-parallel-rank", "0")
+	}
+	resp, err := n.http.Do(req)
 	if err != nil {
 		return streamed{err: err}
 	}
@@ -544,7 +563,7 @@ func (n *llamaNode) streamIDs(prompt []uint32, maxTokens int, fields map[string]
 		if c.Choices[0].Logprobs != nil {
 			lps = append(lps, c.Choices[0].Logprobs.TokenLogprobs...)
 		}
-		if first && len(ids) >= after {
+		if first && len(ids) >= after && started != nil {
 			first = false
 			started <- struct{}{}
 		}

@@ -156,10 +156,12 @@ LLAMACPP_TEST_ENV = DPNODE_LLAMACPP_SRC=$(LLAMACPP_SRC) DPNODE_LLAMACPP_WORKER=$
 	CGO_CFLAGS="$(LLAMACPP_CGO_CFLAGS)" CGO_LDFLAGS='$(LLAMACPP_CGO_LDFLAGS)'
 llamacpp-test: llamacpp
 	$(LLAMACPP_TEST_ENV) go vet -tags llamacpp ./engine/llamacpp/... ./engine/grammar/ ./cmd/dpnode-llama-worker ./http/ ./cluster/
+	$(LLAMACPP_TEST_ENV) go vet -tags 'chaos llamacpp' ./cluster/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m ./engine/llamacpp/...
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'ChatTemplates|ContentAsText' ./http/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'LlamaCpp' ./engine/grammar/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m -run 'LlamaCpp' ./cluster/
+	$(LLAMACPP_TEST_ENV) go test -tags 'chaos llamacpp' -race -count=1 -timeout 10m -run 'LlamaCppAPIServerCrash' ./cluster/
 
 clean:
 	rm -rf bin

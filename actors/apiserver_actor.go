@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -65,8 +66,8 @@ func (p RestartPolicy) delay(n int) time.Duration {
 type APIServerConfig struct {
 	// Node is the name of this node, for views and rank statuses.
 	Node string
-	// Engines configures one engine per local rank.
-	Engines []EngineConfig
+	// Engines are the node's engines, one per local rank.
+	Engines []LocalEngine
 	// Roster says which ranks the deployment has, when the API server
 	// starts; the node actor tells it of newer ones.
 	Roster control.Roster
@@ -98,14 +99,27 @@ type APIServerConfig struct {
 	Logger        *slog.Logger
 }
 
-// APIServerActor supervises the local engines and routes requests to the
-// ranks it balances over: its own, and in internal mode every rank of the
-// cluster. It picks a rank per request from live state (its exact
-// in-flight counts plus the engines' own stats), honours pinned ranks,
-// forwards each step's outputs to the requests' streams, restarts crashed
-// local engines with backoff, and moves the requests of a crashed engine
-// or a dead node to other ranks. A node without an HTTP server (headless)
-// runs one too, as the supervisor of its engines.
+// LocalEngine is one of the node's engines as its API server sees it. The
+// node actor spawned it and supervises it: the API server is not its
+// parent, so that an API server crash leaves the engines running, with
+// their models loaded. The node actor passes their crashes on, and the
+// API server decides whether and when each restarts.
+type LocalEngine struct {
+	Config EngineConfig
+	PID    *actor.PID
+	// Epoch is the engine's incarnation, shared with its producer, which
+	// reads it at every restart.
+	Epoch *atomic.Uint64
+}
+
+// APIServerActor routes requests to the ranks it balances over: its own,
+// and in internal mode every rank of the cluster. It picks a rank per
+// request from live state (its exact in-flight counts plus the engines'
+// own stats), honours pinned ranks, forwards each step's outputs to the
+// requests' streams, restarts crashed local engines with backoff, and
+// moves the requests of a crashed engine or a dead node to other ranks. A
+// node without an HTTP server (headless) runs one too, to restart its
+// engines.
 type APIServerActor struct {
 	cfg  APIServerConfig
 	self *actor.PID
@@ -115,6 +129,10 @@ type APIServerActor struct {
 	ranks  []*rankState
 	byRank map[int]*rankState
 	calls  map[string]*call
+	// local are the node's ranks. Like calls they outlive incarnations:
+	// the engines, their restart bookkeeping and their readiness do not
+	// change when the API server crashes.
+	local  []*rankState
 	parked []*call
 	// parkTimer is armed while requests are parked.
 	parkTimer *time.Timer
@@ -200,8 +218,12 @@ type call struct {
 func NewAPIServerProducer(cfg APIServerConfig) actor.Producer {
 	calls := make(map[string]*call)
 	served := new(bool)
+	local := make([]*rankState, len(cfg.Engines))
+	for i, e := range cfg.Engines {
+		local[i] = &rankState{rank: e.Config.Rank, local: true, node: cfg.Node, cfg: e.Config, pid: e.PID, epoch: e.Epoch, metrics: e.Config.Metrics}
+	}
 	return func() actor.Actor {
-		return &APIServerActor{cfg: cfg, calls: calls, served: served, roster: cfg.Roster, byRank: make(map[int]*rankState),
+		return &APIServerActor{cfg: cfg, calls: calls, local: local, served: served, roster: cfg.Roster, byRank: make(map[int]*rankState),
 			hosts: make(map[string]*actor.PID), retry: make(map[string]*actor.PID),
 			unanswered: make(map[string]time.Time)}
 	}
@@ -218,6 +240,11 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 	case *actor.Stopping:
 		a.stopping = true
 		a.stop()
+		for _, r := range a.local {
+			if r.timer != nil {
+				r.timer.Stop()
+			}
+		}
 	case *actor.Restarting:
 		// A crash: the next incarnation takes the calls over.
 		a.stopping = true
@@ -250,17 +277,7 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 	case *dpnodev1.CoordinatorChanged:
 		a.coordinatorChanged(ctx, msg)
 	case *dpnodev1.LoadSnapshot:
-		// Only the coordinator this node elected is heard: a deposed one
-		// (an older epoch, or one across a healed partition) is not.
-		if a.coordinator != nil && msg.CoordinatorEpoch == a.coordEpoch {
-			a.snapshot = msg
-			a.waves.Observe(msg.CurrentWave, msg.EnginesRunning)
-			for _, l := range msg.Ranks {
-				if r := a.byRank[int(l.Rank)]; r != nil {
-					r.snap, r.snapSeq = l, msg.Seq
-				}
-			}
-		}
+		a.loadSnapshot(msg)
 	case *dpnodev1.SubscribeRanks:
 		a.subscribeRanks(ctx)
 	case *dpnodev1.RankStatuses:
@@ -270,31 +287,11 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 	case *groupStatus:
 		a.groupStatus(ctx, msg)
 	case *failAll:
-		for _, c := range a.calls {
-			if c.rank != nil {
-				ctx.Send(c.rank.pid, &dpnodev1.AbortRequests{RequestIds: []string{c.sub.ID}})
-			}
-			a.parked = slices.DeleteFunc(a.parked, func(p *call) bool { return p == c })
-			a.fail(c, msg.err, "drained")
-		}
-		a.cfg.Metrics.parked.Set(float64(len(a.parked)))
+		a.failAll(ctx, msg.err)
 	case *nodeUp:
 		a.nodeUp(ctx, msg)
 	case *nodeDown:
-		// Gossip declared the node dead or gone: unlike a broken
-		// connection, its ranks will not come back until a node that
-		// hosts them joins, and requests pinned to them fail now.
-		a.nodeGone(ctx, msg.name)
-		delete(a.retry, msg.name)
-		// Its ranks left balancing when it left, or earlier, when its
-		// connection broke.
-		for _, r := range a.ranks {
-			if !r.local && r.node == msg.name {
-				r.lost = true
-				a.failPinned(r)
-			}
-		}
-		a.pruneRanks()
+		a.nodeDown(ctx, msg.name)
 	case *retryHosts:
 		a.retryHosts(ctx)
 	case *reconcile:
@@ -315,6 +312,52 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 	}
 }
 
+// loadSnapshot takes a load snapshot in. Only the coordinator this node
+// elected is heard: a deposed one (an older epoch, or one across a healed
+// partition) is not.
+func (a *APIServerActor) loadSnapshot(msg *dpnodev1.LoadSnapshot) {
+	if a.coordinator == nil || msg.CoordinatorEpoch != a.coordEpoch {
+		return
+	}
+	a.snapshot = msg
+	a.waves.Observe(msg.CurrentWave, msg.EnginesRunning)
+	for _, l := range msg.Ranks {
+		if r := a.byRank[int(l.Rank)]; r != nil {
+			r.snap, r.snapSeq = l, msg.Seq
+		}
+	}
+}
+
+// failAll ends every call with err, aborted where it runs: the drain
+// timeout passed.
+func (a *APIServerActor) failAll(ctx actor.Context, err error) {
+	for _, c := range a.calls {
+		if c.rank != nil {
+			ctx.Send(c.rank.pid, &dpnodev1.AbortRequests{RequestIds: []string{c.sub.ID}})
+		}
+		a.parked = slices.DeleteFunc(a.parked, func(p *call) bool { return p == c })
+		a.fail(c, err, "drained")
+	}
+	a.cfg.Metrics.parked.Set(float64(len(a.parked)))
+}
+
+// nodeDown: gossip declared the node dead or gone. Unlike a broken
+// connection, its ranks will not come back until a node that hosts them
+// joins, and requests pinned to them fail now.
+func (a *APIServerActor) nodeDown(ctx actor.Context, name string) {
+	a.nodeGone(ctx, name)
+	delete(a.retry, name)
+	// Its ranks left balancing when it left, or earlier, when its
+	// connection broke.
+	for _, r := range a.ranks {
+		if !r.local && r.node == name {
+			r.lost = true
+			a.failPinned(r)
+		}
+	}
+	a.pruneRanks()
+}
+
 // stop ends every call: the streams' readers must not wait for an actor
 // that is gone.
 func (a *APIServerActor) stop() {
@@ -326,29 +369,29 @@ func (a *APIServerActor) stop() {
 }
 
 // detach readies the calls for the next incarnation of a crashed API
-// server. The calls map outlives the actor (see NewAPIServerProducer); the
-// ranks do not: the local engines stop with their supervisor and come
-// back fresh, so each call is taken off its rank, and aborted there if
-// the rank is another node's, whose engine lives on. The next
-// incarnation sends them again (see resume).
+// server. The calls map outlives the actor (see NewAPIServerProducer), and
+// so do the engines, local and remote; but the crash may have lost an
+// output on its way to a stream, so each call is taken off its rank and
+// aborted there, and the next incarnation sends it again, from its tokens
+// so far (see resume).
 func (a *APIServerActor) detach(ctx actor.Context) {
 	a.stopTimers()
 	for _, c := range a.calls {
-		if r := c.rank; r != nil && !r.local {
+		if r := c.rank; r != nil {
 			ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: []string{c.sub.ID}})
 		}
 		c.rank, c.prefill = nil, 0
 	}
 }
 
+// stopTimers ends what the incarnation armed. A local rank's restart
+// timer is the engine's, not the incarnation's: it is stopped only when
+// the API server stops for good. A local rank stays ready: its engine
+// lives on.
 func (a *APIServerActor) stopTimers() {
 	for _, r := range a.ranks {
-		if r.timer != nil {
-			r.timer.Stop()
-		}
-		r.ready = false
-		if r.local {
-			r.metrics.ready.Set(0)
+		if !r.local {
+			r.ready = false
 		}
 		r.acct = dp.Account{}
 		r.metrics.inflight.Set(0)
@@ -621,121 +664,6 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			ev.Tokens, ev.Logprobs, ev.PromptLogprobs = c.output, c.logprobs, c.promptLogprobs
 		}
 		c.sub.Stream.push(ev)
-	}
-}
-
-// move sends the calls of a rank that lost its engine to other ranks:
-// re-dispatched if they had no output yet, migrated with their tokens so
-// far if they had.
-func (a *APIServerActor) move(ctx actor.Context, r *rankState, why string) int {
-	var moved []*call
-	for _, c := range a.calls {
-		if c.rank == r {
-			moved = append(moved, c)
-		}
-	}
-	// Oldest first, so that the re-dispatch keeps arrival order.
-	slices.SortFunc(moved, func(x, y *call) int { return x.sub.Arrival.Compare(y.sub.Arrival) })
-	var counts [3]int
-	for _, c := range moved {
-		counts[a.moveCall(ctx, c)]++
-	}
-	if len(moved) > 0 {
-		a.cfg.Metrics.events.add(EventMoved, r.node, r.rank, fmt.Sprintf("%d requests moved off rank %d (%s): %d migrated with their tokens, %d sent again, %d failed",
-			len(moved), r.rank, why, counts[migrated], counts[redispatched], counts[moveFailed]))
-	}
-	return len(moved)
-}
-
-// What became of a moved call.
-const (
-	moveFailed = iota
-	redispatched
-	migrated
-)
-
-// moveCall sends a call whose engine lost it elsewhere: again from the
-// start if it had no output, or migrated with its tokens so far.
-func (a *APIServerActor) moveCall(ctx actor.Context, c *call) int {
-	r := c.rank
-	a.release(c)
-	c.moves++
-	switch {
-	case c.moves > a.cfg.MaxMigrations:
-		a.fail(c, fmt.Errorf("%w: %d crashes", ErrTooManyRestarts, c.moves), "too_many_restarts")
-		return moveFailed
-	case len(c.output) > 0 && !a.cfg.Migration:
-		a.fail(c, fmt.Errorf("%w (rank %d, after %d tokens)", ErrEngineLost, r.rank, len(c.output)), "engine_lost")
-		return moveFailed
-	}
-	outcome := redispatched
-	if len(c.output) == 0 {
-		r.metrics.redispatched.Inc()
-	} else {
-		r.metrics.migrated.Inc()
-		outcome = migrated
-	}
-	a.dispatch(ctx, c)
-	return outcome
-}
-
-// reconcileInterval is how often an API server checks that the engines it
-// sent requests to hold them.
-const reconcileInterval = 5 * time.Second
-
-func (a *APIServerActor) armReconcile() {
-	if a.reconcileTimer == nil {
-		self, root := a.self, a.root
-		a.reconcileTimer = time.AfterFunc(reconcileInterval, func() { root.Send(self, &reconcile{}) })
-	}
-}
-
-// reconcile asks each engine that holds calls of this API server which it
-// holds. A message between nodes can be lost when a connection breaks (a
-// peer restarted at the same address, a keepalive timeout); the answer
-// shows a call whose request, or whose last output, was lost. Within a
-// process nothing is lost, but asking costs one message per engine every
-// few seconds, and one rule for every rank is simpler to trust.
-func (a *APIServerActor) reconcile(ctx actor.Context) {
-	a.reconcileTimer = nil
-	now := time.Now()
-	asked := map[*rankState]bool{}
-	for _, c := range a.calls {
-		if r := c.rank; r != nil && !asked[r] {
-			asked[r] = true
-			r.listAsked = now
-			ctx.Request(r.pid, &dpnodev1.ListRequests{})
-		}
-	}
-	if len(asked) > 0 {
-		a.armReconcile()
-	}
-}
-
-// requestList moves the calls an engine does not hold though they were
-// sent to it before it was asked: they were lost on the way. Each is
-// aborted at the engine first, so that it can never run twice.
-func (a *APIServerActor) requestList(ctx actor.Context, msg *dpnodev1.RequestList) {
-	r := a.byRank[int(msg.Rank)]
-	if r == nil || msg.EngineEpoch != r.epoch.Load() {
-		return
-	}
-	held := make(map[string]bool, len(msg.RequestIds))
-	for _, id := range msg.RequestIds {
-		held[id] = true
-	}
-	var lost []*call
-	for id, c := range a.calls {
-		if c.rank == r && !held[id] && c.dispatchedAt.Before(r.listAsked) {
-			lost = append(lost, c)
-		}
-	}
-	slices.SortFunc(lost, func(x, y *call) int { return x.sub.Arrival.Compare(y.sub.Arrival) })
-	for _, c := range lost {
-		a.cfg.Logger.Warn("a request, or its last output, was lost between this node and its engine; sending it again",
-			"rank", r.rank, "request", c.sub.ID, "tokens_so_far", len(c.output))
-		ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: []string{c.sub.ID}})
-		a.moveCall(ctx, c)
 	}
 }
 

@@ -16,8 +16,8 @@ import (
 // rankState is an API server's view of one rank.
 type rankState struct {
 	rank int
-	// local ranks are this API server's children; the others are hosted by
-	// node, and reached through the network.
+	// local ranks are this node's engines; the others are hosted by node,
+	// and reached through the network.
 	local bool
 	node  string
 	cfg   EngineConfig
@@ -56,24 +56,22 @@ const (
 	coordinatorID = nodeID + "/coordinator"
 )
 
+// engineID names a rank's engine. The node actor is the engine's parent,
+// but the name is under the API server's, as it was when the API server
+// was: other nodes address engines by it.
 func engineID(rank int) string { return fmt.Sprintf("%s/engine-%d", apiServerID, rank) }
 
 func (a *APIServerActor) start(ctx actor.Context) {
 	a.self, a.root = ctx.Self(), ctx.ActorSystem().Root
-	for _, ec := range a.cfg.Engines {
-		r := &rankState{rank: ec.Rank, local: true, node: a.cfg.Node, epoch: new(atomic.Uint64), metrics: a.cfg.Metrics.forRank(ec.Rank, true)}
-		ec.Metrics = r.metrics
-		r.cfg = ec
-		// From the clock, not 1: when the API server itself restarts, its
-		// engines restart with it, and every API server that sent them
-		// requests must see new incarnations.
-		r.epoch.Store(uint64(time.Now().UnixNano()))
-		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(NewEngineProducer(ec, r.epoch)), fmt.Sprintf("engine-%d", ec.Rank))
-		if err != nil {
-			panic(fmt.Errorf("actors: spawning the engine of rank %d: %w", ec.Rank, err))
-		}
-		r.pid = pid
+	for _, r := range a.local {
 		a.addRank(r)
+		// An engine that stops for good (it crashed too often, or could
+		// not start) takes its rank out of service; one that stopped
+		// under an earlier incarnation is reported at once.
+		ctx.Watch(r.pid)
+		// The engine says it is ready, again if an earlier incarnation
+		// heard it already: what it said may have been lost with it.
+		ctx.Send(r.pid, &attachEngine{})
 	}
 	if len(a.cfg.Engines) == 0 {
 		a.allReady, *a.served = true, true
@@ -88,21 +86,6 @@ func (a *APIServerActor) addRank(r *rankState) {
 	a.ranks = append(a.ranks, r)
 	a.byRank[r.rank] = r
 	slices.SortStableFunc(a.ranks, func(x, y *rankState) int { return x.rank - y.rank })
-}
-
-// HandleFailure makes the API server the supervisor of its engines (an
-// actor that implements actor.SupervisorStrategy supervises its own
-// children). It runs on the API server's mailbox goroutine; the work is
-// done in Receive, where the actor can send with itself as sender.
-func (a *APIServerActor) HandleFailure(_ *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, _ *actor.RestartStatistics, reason, _ any) {
-	for _, r := range a.ranks {
-		if r.local && r.pid.Equal(child) {
-			a.root.Send(a.self, &engineFailed{rank: r.rank, reason: reason,
-				restart: func() { sup.RestartChildren(child) }, stop: func() { sup.StopChildren(child) }})
-			return
-		}
-	}
-	sup.EscalateFailure(reason, nil)
 }
 
 func (a *APIServerActor) engineReady(ctx actor.Context, msg *dpnodev1.EngineReady) {

@@ -288,12 +288,35 @@ func (p *processStub) Close() error          { close(p.exited); return nil }
 // apiServerFault crashes the API server that receives it.
 type apiServerFault struct{}
 
-// TestAPIServerCrashWhileAnEngineStarts crashes the API server while the
-// engine it restarted after a crash is still starting: the start is
-// cancelled and fails as a model worker's does, with a nil process
-// pointer. The engine must stop all the same, or the API server's restart,
-// which waits for its children to stop, never ends.
-func TestAPIServerCrashWhileAnEngineStarts(t *testing.T) {
+// crashFirstStepThenLoad makes rank 0's first step crash its engine and
+// the engine's next start block in NewExecutor until release is closed
+// (then it starts) or the start is cancelled (then it fails as a model
+// worker's does, with a nil process pointer). starting is closed when
+// that start begins; built counts the executors asked for.
+func crashFirstStepThenLoad(starting, release chan struct{}, built *atomic.Int32) func(*NodeConfig) {
+	return func(cfg *NodeConfig) {
+		inner := cfg.NewExecutor
+		cfg.NewExecutor = func(ctx context.Context, rank int, dev gpu.Device) (engine.Executor, error) {
+			if built.Add(1) != 2 {
+				return inner(ctx, rank, dev)
+			}
+			close(starting)
+			select {
+			case <-release:
+				return inner(ctx, rank, dev)
+			case <-ctx.Done():
+				var p *processStub
+				return p, ctx.Err()
+			}
+		}
+	}
+}
+
+// TestAPIServerCrashLeavesTheEnginesAlone crashes the API server while
+// the engine it restarted after a crash is loading its model: the node
+// actor, not the API server, supervises the engines, so the load goes on,
+// no engine restarts, and the request finishes on the engine that loaded.
+func TestAPIServerCrashLeavesTheEnginesAlone(t *testing.T) {
 	prev := faultHook
 	faultHook = func(ctx actor.Context) bool {
 		if _, ok := ctx.Message().(*apiServerFault); ok {
@@ -302,22 +325,9 @@ func TestAPIServerCrashWhileAnEngineStarts(t *testing.T) {
 		return prev != nil && prev(ctx)
 	}
 	t.Cleanup(func() { faultHook = prev })
-	starting := make(chan struct{})
-	// Rank 0's first step crashes its engine.
-	tn := startTestNode(t, 1, 0, 0, 1, func(cfg *NodeConfig) {
-		inner := cfg.NewExecutor
-		var built atomic.Int32
-		cfg.NewExecutor = func(ctx context.Context, rank int, dev gpu.Device) (engine.Executor, error) {
-			if built.Add(1) != 2 {
-				return inner(ctx, rank, dev)
-			}
-			// The restart after the crash loads its model until cancelled.
-			close(starting)
-			<-ctx.Done()
-			var p *processStub
-			return p, ctx.Err()
-		}
-	})
+	starting, release := make(chan struct{}), make(chan struct{})
+	var built atomic.Int32
+	tn := startTestNode(t, 1, 0, 0, 1, crashFirstStepThenLoad(starting, release, &built))
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	s := NewStream()
@@ -329,11 +339,47 @@ func TestAPIServerCrashWhileAnEngineStarts(t *testing.T) {
 		t.Fatal("rank 0's engine did not crash and restart")
 	}
 	tn.System().Root.Send(tn.APIServer(), &apiServerFault{})
+	// The restarted API server answers, and only then does the load end.
+	if _, err := tn.View(ctx); err != nil {
+		t.Fatalf("the API server after its restart: %v", err)
+	}
+	close(release)
 	if r := collect(ctx, s); r.err != nil || len(r.tokens) != 2 {
 		t.Fatalf("the request across both crashes: %v, %d tokens", r.err, len(r.tokens))
 	}
-	if _, err := tn.View(ctx); err != nil {
-		t.Fatalf("the API server after its restart: %v", err)
+	if n := built.Load(); n != 2 {
+		t.Fatalf("%d executors built; want 2 (the first, and the one after the engine's crash)", n)
+	}
+	if restarts := metricSum(t, tn.reg, "dpnode_engine_restarts_total", 0); restarts != 1 {
+		t.Fatalf("%v engine restarts, want the engine crash's 1", restarts)
+	}
+}
+
+// TestNodeStopsWhileAnEngineStarts stops the node while an engine loads
+// its model: the load is cancelled and fails as a model worker's does,
+// with a nil process pointer. The engine must stop all the same, or the
+// node actor, which waits for its children to stop, never does.
+func TestNodeStopsWhileAnEngineStarts(t *testing.T) {
+	starting, release := make(chan struct{}), make(chan struct{})
+	var built atomic.Int32
+	tn := startTestNode(t, 1, 0, 0, 1, crashFirstStepThenLoad(starting, release, &built))
+	s := NewStream()
+	tn.Submit(&Submission{ID: "crash", Prompt: tn.tok.Tokens("crash the engine"), Sampling: engine.SamplingParams{MaxTokens: 2, IgnoreEOS: true},
+		Rank: AnyRank, Stream: s, Arrival: time.Now()})
+	select {
+	case <-starting:
+	case <-time.After(15 * time.Second):
+		t.Fatal("rank 0's engine did not crash and restart")
+	}
+	stopped := make(chan struct{})
+	go func() {
+		tn.Stop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the node did not stop while its engine started")
 	}
 }
 

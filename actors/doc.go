@@ -1,6 +1,9 @@
-// Package actors runs a node as protoactor-go actors: the NodeActor at the
-// root, the CoordinatorActor, and the APIServerActor that supervises one
-// EngineActor per local data-parallel rank.
+// Package actors runs a node as protoactor-go actors: the node actor at the
+// root supervises one EngineActor per local data-parallel rank, the
+// APIServerActor, and the CoordinatorActor when the node leads. The API
+// server watches the engines and decides their restarts, but it is not
+// their parent: its crash restarts it alone, and the engines keep their
+// models loaded.
 //
 // Ordering guarantees: an engine sends one StepOutputs message per step to
 // each API server that has requests in the step, so a request's tokens

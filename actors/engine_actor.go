@@ -35,7 +35,12 @@ type EngineConfig struct {
 	CollectiveTimeout time.Duration
 	// Metrics are the rank's series; the engine records its waves.
 	Metrics *rankMetrics
-	Logger  *slog.Logger
+	// APIServer is the node's API server, which hears of the engine's
+	// readiness, stats and group membership. The node actor supervises
+	// the engine; the API server is not its parent, so that its crash
+	// leaves the engine running.
+	APIServer *actor.PID
+	Logger    *slog.Logger
 }
 
 // EngineActor runs one rank: it feeds the scheduler the requests and
@@ -48,6 +53,9 @@ type EngineActor struct {
 	// requests stamped for an earlier one were re-dispatched by the
 	// supervisor and are dropped here.
 	epoch uint64
+	// attached is set once the API server has asked for the engine's
+	// state; shared by the incarnations.
+	attached *atomic.Bool
 
 	sched    *engine.Scheduler
 	exec     engine.Executor
@@ -133,8 +141,20 @@ type stepDone struct {
 // NewEngineProducer returns the producer of a rank's EngineActor. epoch is
 // read at every (re)start.
 func NewEngineProducer(cfg EngineConfig, epoch *atomic.Uint64) actor.Producer {
+	attached := new(atomic.Bool)
 	return func() actor.Actor {
-		return &EngineActor{cfg: cfg, epoch: epoch.Load()}
+		return &EngineActor{cfg: cfg, epoch: epoch.Load(), attached: attached}
+	}
+}
+
+// tellAPIServer sends msg to the node's API server once it has asked for
+// the engine's state (see attach). The node starts its engines before
+// its API server, and a message sent to an actor while it is being
+// spawned races with its mailbox's setup in protoactor; what the engine
+// would have said before goes in its answer to attach.
+func (e *EngineActor) tellAPIServer(ctx actor.Context, msg any) {
+	if e.attached.Load() {
+		ctx.Send(e.cfg.APIServer, msg)
 	}
 }
 
@@ -157,6 +177,9 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 		if msg.exec == e.exec {
 			panic(fmt.Errorf("engine rank %d: the model worker exited: %w", e.cfg.Rank, e.exec.(engine.Process).Err()))
 		}
+		return
+	case *attachEngine:
+		e.attach(ctx)
 		return
 	case *setCoordinator:
 		e.coordinator, e.coordEpoch, e.sentOnce = msg.pid, msg.epoch, false
@@ -297,7 +320,7 @@ func (e *EngineActor) executorStarted(ctx actor.Context, msg *executorStarted) {
 	if e.cfg.ExpertParallel {
 		e.waves = newEngineWaves(e.cfg.Rank, ctx.Self().Address)
 	}
-	ctx.Send(ctx.Parent(), &dpnodev1.EngineReady{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch})
+	e.tellAPIServer(ctx, &dpnodev1.EngineReady{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch})
 	e.reportStats(ctx, nil)
 	if e.coordinator != nil && e.waves != nil {
 		e.waves.join(ctx, e)
@@ -306,6 +329,26 @@ func (e *EngineActor) executorStarted(ctx actor.Context, msg *executorStarted) {
 	e.early = nil
 	for _, r := range early {
 		e.add(ctx, r.msg, r.sender)
+	}
+}
+
+// attach tells an API server that has just started (the node's first, or
+// one restarted after a crash) what its last incarnation knew of the
+// engine: that it is ready, whether it is out of its expert-parallel
+// group, and its stats. An engine still starting says it is ready once it
+// is.
+func (e *EngineActor) attach(ctx actor.Context) {
+	e.attached.Store(true)
+	if e.sched == nil {
+		return
+	}
+	e.tellAPIServer(ctx, &dpnodev1.EngineReady{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch})
+	if e.waves != nil && e.waves.out {
+		e.tellAPIServer(ctx, &groupStatus{rank: e.cfg.Rank, epoch: e.epoch, in: false})
+	}
+	e.sentOnce = false
+	if e.inFlight == nil {
+		e.reportStats(ctx, nil)
 	}
 }
 
@@ -469,8 +512,8 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 }
 
 // reportStats sends the step's outputs, with the engine's stats attached
-// when they changed; the parent gets changed stats even when it had no
-// outputs in the step, and so does the coordinator.
+// when they changed; the node's API server gets changed stats even when it
+// had no outputs in the step, and so does the coordinator.
 func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs) {
 	st := e.sched.Stats()
 	var wire *dpnodev1.EngineStats
@@ -493,7 +536,7 @@ func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs) {
 			e.sentWave, e.sentRunning = wire.Wave, wire.WaveRunning
 		}
 	}
-	parentTold := false
+	apiTold := false
 	for _, c := range clients {
 		ctx.Send(c.pid, &dpnodev1.StepOutputs{
 			Rank:        uint32(e.cfg.Rank),
@@ -502,13 +545,13 @@ func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs) {
 			Outputs:     c.outputs,
 			Stats:       wire,
 		})
-		parentTold = parentTold || c.pid.Equal(ctx.Parent())
+		apiTold = apiTold || c.pid.Equal(e.cfg.APIServer)
 	}
 	if wire == nil {
 		return
 	}
-	if !parentTold {
-		ctx.Send(ctx.Parent(), wire)
+	if !apiTold {
+		e.tellAPIServer(ctx, wire)
 	}
 	if e.coordinator != nil {
 		ctx.Send(e.coordinator, &dpnodev1.ReportStats{Stats: wire})

@@ -35,7 +35,7 @@ type engineWaves struct {
 	awaitSince                  time.Time
 	timer                       *time.Timer
 	timerGen                    uint64
-	// out is true after the engine told its supervisor it is out of the
+	// out is true after the engine told the API server it is out of the
 	// group, and so takes no requests.
 	out bool
 }
@@ -154,12 +154,12 @@ func (ew *engineWaves) setGroup(ctx actor.Context, e *EngineActor, m *dpnodev1.G
 		if !ew.out {
 			ew.out = true
 			e.cfg.Logger.Warn("this rank was left out of the expert-parallel group; asking to rejoin", "group", g.Ranks)
-			ctx.Send(ctx.Parent(), &groupStatus{rank: ew.rank, epoch: e.epoch, in: false})
+			e.tellAPIServer(ctx, &groupStatus{rank: ew.rank, epoch: e.epoch, in: false})
 		}
 		ew.join(ctx, e)
 	case ew.out:
 		ew.out = false
-		ctx.Send(ctx.Parent(), &groupStatus{rank: ew.rank, epoch: e.epoch, in: true})
+		e.tellAPIServer(ctx, &groupStatus{rank: ew.rank, epoch: e.epoch, in: true})
 	}
 	if resend {
 		ew.broadcast(ctx, ew.w.Own())

@@ -80,8 +80,9 @@ type failAll struct {
 // getView asks the API server for its ranks, for /v1/cluster.
 type getView struct{}
 
-// engineFailed is the API server's own note that a child engine crashed;
-// restart brings the engine back.
+// engineFailed tells the API server that one of the node's engines
+// crashed (the node actor supervises them); restart brings the engine
+// back.
 type engineFailed struct {
 	rank    int
 	reason  any
@@ -89,6 +90,10 @@ type engineFailed struct {
 	// stop stops the engine for good, when it crashed too often.
 	stop func()
 }
+
+// attachEngine asks a local engine to tell the API server that has just
+// started what it needs of it (see EngineActor.attach).
+type attachEngine struct{}
 
 // expireParked fires when the oldest parked request may have waited too
 // long for a rank.

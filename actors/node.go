@@ -108,17 +108,9 @@ func (n *Node) Address() string { return n.system.Address() }
 // Identify asks the node whose actor system listens at address for its
 // name, within ctx's deadline (a second without one).
 func (n *Node) Identify(ctx context.Context, address string) (string, error) {
-	if err := ctx.Err(); err != nil {
+	timeout, err := futureTimeout(ctx, time.Second)
+	if err != nil {
 		return "", err
-	}
-	timeout := time.Second
-	if d, ok := ctx.Deadline(); ok {
-		// A future given a negative timeout never times out: a deadline
-		// that passed on the way here (a slow TLS handshake before the
-		// call) must end the call, not block it.
-		if timeout = time.Until(d); timeout <= 0 {
-			return "", context.DeadlineExceeded
-		}
 	}
 	res, err := n.system.Root.RequestFuture(actor.NewPID(address, identityID), &dpnodev1.Identify{}, timeout).Result()
 	if err != nil {
@@ -129,6 +121,24 @@ func (n *Node) Identify(ctx context.Context, address string) (string, error) {
 		return "", fmt.Errorf("actors: %s answered %T to Identify", address, res)
 	}
 	return id.Name, nil
+}
+
+// futureTimeout is how long a request to an actor may wait for its answer
+// within ctx; def without a deadline. protoactor's futures take a
+// negative timeout as none at all: a deadline that passed on the way (a
+// slow TLS handshake before Identify) must end the call, not block it.
+func futureTimeout(ctx context.Context, def time.Duration) (time.Duration, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	d, ok := ctx.Deadline()
+	if !ok {
+		return def, nil
+	}
+	if t := time.Until(d); t > 0 {
+		return t, nil
+	}
+	return 0, context.DeadlineExceeded
 }
 
 // SendClaim sends a claim for ranks, or a release, to the node actor of
@@ -159,8 +169,7 @@ func (n *Node) Start(cfg NodeConfig) error {
 	n.meta.StartRank, n.meta.LocalSize = uint32(cfg.Topology.StartRank), uint32(cfg.Topology.LocalSize)
 	props := actor.PropsFromProducer(func() actor.Actor {
 		return &nodeActor{cfg: cfg, self: n.meta, metrics: n.metrics, fail: n.fail, roster: &n.roster}
-	},
-		actor.WithSupervisor(actor.NewOneForOneStrategy(10, time.Minute, actor.DefaultDecider)))
+	})
 	pid, err := system.Root.SpawnNamed(props, nodeID)
 	if err != nil {
 		n.Stop()

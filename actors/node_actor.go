@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -80,6 +82,9 @@ type nodeActor struct {
 	// load their model).
 	keys    map[string]string
 	pending map[string]pendingMember
+	// engines are the ids of the node's engines, which it supervises for
+	// the API server.
+	engines map[string]bool
 }
 
 type pendingMember struct {
@@ -171,19 +176,7 @@ func (n *nodeActor) start(ctx actor.Context) {
 	n.known = *n.roster.Load()
 	n.metrics.dpSize.Set(float64(n.known.Size()))
 	n.metrics.rosterVersion.Set(float64(n.known.Version))
-	engines := make([]EngineConfig, cfg.Topology.LocalSize)
-	for i := range engines {
-		rank, dev := cfg.Topology.StartRank+i, cfg.Devices[i]
-		engines[i] = EngineConfig{
-			Rank:              rank,
-			Device:            fmt.Sprintf("%d:%s (%s)", dev.Index, dev.UUID, dev.Name),
-			Scheduler:         cfg.Scheduler,
-			NewExecutor:       func(ctx context.Context) (engine.Executor, error) { return cfg.NewExecutor(ctx, rank, dev) },
-			ExpertParallel:    cfg.ExpertParallel,
-			CollectiveTimeout: cfg.CollectiveTimeout,
-			Logger:            cfg.Logger.With("rank", rank),
-		}
-	}
+	engines := n.startEngines(ctx)
 	api, err := ctx.SpawnNamed(actor.PropsFromProducer(NewAPIServerProducer(APIServerConfig{
 		Node:           cfg.Name,
 		Engines:        engines,
@@ -214,6 +207,61 @@ func (n *nodeActor) start(ctx actor.Context) {
 		return ok
 	})
 	n.reelect(ctx)
+}
+
+// startEngines spawns the node's engines, before the API server, which
+// watches them and must not find them missing.
+func (n *nodeActor) startEngines(ctx actor.Context) []LocalEngine {
+	cfg := n.cfg
+	api := actor.NewPID(ctx.Self().Address, apiServerID)
+	engines := make([]LocalEngine, cfg.Topology.LocalSize)
+	n.engines = make(map[string]bool, len(engines))
+	for i := range engines {
+		rank, dev := cfg.Topology.StartRank+i, cfg.Devices[i]
+		ec := EngineConfig{
+			Rank:              rank,
+			Device:            fmt.Sprintf("%d:%s (%s)", dev.Index, dev.UUID, dev.Name),
+			Scheduler:         cfg.Scheduler,
+			NewExecutor:       func(ctx context.Context) (engine.Executor, error) { return cfg.NewExecutor(ctx, rank, dev) },
+			ExpertParallel:    cfg.ExpertParallel,
+			CollectiveTimeout: cfg.CollectiveTimeout,
+			Metrics:           n.metrics.forRank(rank, true),
+			APIServer:         api,
+			Logger:            cfg.Logger.With("rank", rank),
+		}
+		// From the clock, not 1: other nodes' API servers that sent the
+		// rank requests must see a restarted node's engines as new
+		// incarnations.
+		epoch := new(atomic.Uint64)
+		epoch.Store(uint64(time.Now().UnixNano()))
+		pid, err := ctx.SpawnNamed(actor.PropsFromProducer(NewEngineProducer(ec, epoch)), strings.TrimPrefix(engineID(rank), nodeID+"/"))
+		if err != nil {
+			panic(fmt.Errorf("actors: spawning the engine of rank %d: %w", rank, err))
+		}
+		n.engines[pid.Id] = true
+		engines[i] = LocalEngine{Config: ec, PID: pid, Epoch: epoch}
+	}
+	return engines
+}
+
+// childStrategy is how the node actor supervises its children other than
+// engines: the API server and the coordinator restart at once, and stop
+// for good after 10 crashes in a minute.
+var childStrategy = actor.NewOneForOneStrategy(10, time.Minute, actor.DefaultDecider)
+
+// HandleFailure makes the node actor the supervisor of its children (an
+// actor that implements actor.SupervisorStrategy supervises them itself).
+// An engine's crash goes to the API server, which moves the engine's
+// requests and decides when, or whether, it restarts: the restart waits
+// out a backoff, and the engine's mailbox keeps what comes meanwhile.
+func (n *nodeActor) HandleFailure(system *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, rs *actor.RestartStatistics, reason, message any) {
+	if !n.engines[child.Id] {
+		childStrategy.HandleFailure(system, sup, child, rs, reason, message)
+		return
+	}
+	rank, _ := strconv.Atoi(child.Id[strings.LastIndexByte(child.Id, '-')+1:])
+	system.Root.Send(n.api, &engineFailed{rank: rank, reason: reason,
+		restart: func() { sup.RestartChildren(child) }, stop: func() { sup.StopChildren(child) }})
 }
 
 func (n *nodeActor) memberEvent(ctx actor.Context, ev *control.MemberEvent) {
@@ -411,7 +459,8 @@ func (n *nodeActor) announceCoordinator(ctx actor.Context) {
 }
 
 func (n *nodeActor) terminated(ctx actor.Context, who *actor.PID) {
-	if n.stopping {
+	if n.stopping || n.engines[who.Id] {
+		// An engine stopped for good: the API server watches it.
 		return
 	}
 	if n.api != nil && who.Equal(n.api) {

@@ -235,7 +235,7 @@ func TestLlamaCppStructuredOutputWithTheSDK(t *testing.T) {
 		Seed: openai.Int(3),
 	})
 	if err != nil {
-		t.Fatal(err)
+		t.Fatal(sdkErr(err))
 	}
 	var city struct {
 		City       string `json:"city"`

@@ -28,8 +28,10 @@ import (
 type Tokenizer struct {
 	cfg   WorkerConfig
 	model string
-	// Timeout bounds one tokenization, the worker's start included.
-	timeout time.Duration
+	// timeout bounds one tokenization, and grammarTimeout one grammar's
+	// check. A worker's start is bounded apart (workerStartTimeout): a
+	// slow start is the machine's, not the text's or the grammar's.
+	timeout, grammarTimeout time.Duration
 
 	// maxTokenBytes is the vocabulary's longest token text.
 	maxTokenBytes int
@@ -95,7 +97,7 @@ func NewTokenizer(ctx context.Context, cfg WorkerConfig, model string, tc Tokeni
 	if tc.QueueBytes <= 0 {
 		tc.QueueBytes = DefaultTokenizerQueueBytes
 	}
-	t := &Tokenizer{cfg: cfg, model: model, timeout: 30 * time.Second, free: make(chan *tokWorker, tc.Workers), queueBytes: tc.QueueBytes}
+	t := &Tokenizer{cfg: cfg, model: model, timeout: 30 * time.Second, grammarTimeout: grammarTimeout, free: make(chan *tokWorker, tc.Workers), queueBytes: tc.QueueBytes}
 	for range tc.Workers {
 		m := &tokWorker{}
 		t.all = append(t.all, m)
@@ -143,6 +145,18 @@ func (t *Tokenizer) worker(ctx context.Context, m *tokWorker) (*Worker, error) {
 	t.ready = ready
 	m.w = w
 	return w, nil
+}
+
+// workerStartTimeout bounds a worker's start, its vocabulary included: a
+// vocabulary-only load, which takes a second or two on a busy machine.
+const workerStartTimeout = 30 * time.Second
+
+// startedWorker is m's worker, started if it is not running, within
+// workerStartTimeout.
+func (t *Tokenizer) startedWorker(m *tokWorker) (*Worker, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), workerStartTimeout)
+	defer cancel()
+	return t.worker(ctx, m)
 }
 
 // fetchVocabulary takes the pieces and special texts from w. t.mu is
@@ -213,13 +227,17 @@ const grammarTimeout = 5 * time.Second
 // for the model's vocabulary in a vocabulary worker, where a grammar that
 // crashes or hangs the parser takes no rank with it.
 func (t *Tokenizer) CheckGrammar(gbnf string) error {
-	_, err := t.call(&dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_CheckGrammar{CheckGrammar: &dpnodev1.CheckGrammar{Gbnf: gbnf}}}, int64(len(gbnf)), grammarTimeout)
+	_, err := t.call(&dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_CheckGrammar{CheckGrammar: &dpnodev1.CheckGrammar{Gbnf: gbnf}}}, int64(len(gbnf)), t.grammarTimeout)
 	var refused *ReplyError
 	switch {
 	case errors.As(err, &refused):
 		return fmt.Errorf("%w: %s", engine.ErrBadGrammar, refused.Message)
+	case errors.Is(err, ErrTokenizerDown), errors.Is(err, engine.ErrTokenizerBusy):
+		// The pool's fault, not the grammar's, though a worker that
+		// could not start in time also says it ran out of time.
+		return err
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%w: llama.cpp took more than %s to parse it", engine.ErrBadGrammar, grammarTimeout)
+		return fmt.Errorf("%w: llama.cpp took more than %s to parse it", engine.ErrBadGrammar, t.grammarTimeout)
 	}
 	return err
 }
@@ -237,17 +255,18 @@ func (t *Tokenizer) call(req *dpnodev1.WorkerRequest, size int64, timeout time.D
 		return nil, fmt.Errorf("%w: %d bytes of text wait for its %d workers", engine.ErrTokenizerBusy, t.queueBytes, len(t.all))
 	}
 	defer t.queued.Add(-size)
-	// The queue's bytes bound the wait; the timeout starts with a worker.
+	// The queue's bytes bound the wait; the timeout starts once a worker
+	// runs, started for the call if need be.
 	m := <-t.free
 	defer func() { t.free <- m }()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
 	for attempt := 0; ; attempt++ {
-		w, err := t.worker(ctx, m)
+		w, err := t.startedWorker(m)
 		if err != nil {
 			return nil, err
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		rep, err := w.Call(ctx, req)
+		cancel()
 		var refused *ReplyError
 		switch {
 		case errors.Is(err, context.DeadlineExceeded):

@@ -39,7 +39,8 @@ func TestMain(m *testing.M) {
 // fakeWorker answers as a worker of a model whose vocabulary is "w0" to
 // "w99" and whose every sampled token is its sequence's id plus its
 // position. A model path of "fail" fails the load; "die-on-step" dies at
-// the first step, saying why on stderr.
+// the first step, saying why on stderr; "hold-load:DIR" holds the load,
+// while DIR/hold exists, until DIR/release does.
 func fakeWorker() int {
 	conn, err := net.FileConn(os.NewFile(3, "socket"))
 	if err != nil {
@@ -55,6 +56,11 @@ func fakeWorker() int {
 		switch b := req.Body.(type) {
 		case *dpnodev1.WorkerRequest_Load:
 			path = b.Load.Path
+			if dir, ok := strings.CutPrefix(path, "hold-load:"); ok {
+				if _, err := os.Stat(filepath.Join(dir, "hold")); err == nil {
+					waitForFile(filepath.Join(dir, "release"))
+				}
+			}
 			if path == "fail" {
 				rep.Body = &dpnodev1.WorkerReply_Error{Error: &dpnodev1.WorkerError{Message: "loading fail: unknown model architecture: 'martian'"}}
 				_ = WriteFrame(conn, rep)
@@ -86,12 +92,7 @@ func fakeWorker() int {
 		case *dpnodev1.WorkerRequest_CheckGrammar:
 			// "wait-for:PATH" holds the worker until PATH exists.
 			if file, ok := strings.CutPrefix(b.CheckGrammar.Gbnf, "wait-for:"); ok {
-				for {
-					if _, err := os.Stat(file); err == nil {
-						break
-					}
-					time.Sleep(5 * time.Millisecond)
-				}
+				waitForFile(file)
 			}
 		case *dpnodev1.WorkerRequest_Vocabulary:
 			v := &dpnodev1.Vocabulary{}
@@ -234,6 +235,43 @@ func TestWorkerDeathsAreNoticedAndExplained(t *testing.T) {
 	e3.Close()
 	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 		t.Fatalf("after Close the worker is still there: %v", err)
+	}
+}
+
+// waitForFile returns once file exists.
+func waitForFile(file string) {
+	for {
+		if _, err := os.Stat(file); err == nil {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestSlowWorkerStartIsNoBadGrammar: a grammar's check that has to start
+// its worker first has its whole time once the worker runs. Before, the
+// start counted against the grammar: on a busy machine a worker that took
+// seconds to load its vocabulary made a good grammar a 400, "llama.cpp
+// took more than 5s to parse it".
+func TestSlowWorkerStartIsNoBadGrammar(t *testing.T) {
+	dir := t.TempDir()
+	tok, err := NewTokenizer(context.Background(), fakeConfig(t), "hold-load:"+dir, TokenizerConfig{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tok.Close()
+	tok.grammarTimeout = 100 * time.Millisecond
+	if err := os.WriteFile(filepath.Join(dir, "hold"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(tok.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// The next worker's load ends well after the grammar's timeout.
+	release := time.AfterFunc(5*tok.grammarTimeout, func() { _ = os.WriteFile(filepath.Join(dir, "release"), nil, 0o600) })
+	defer release.Stop()
+	if err := tok.CheckGrammar("root ::= \"a\""); err != nil {
+		t.Fatalf("a good grammar whose worker started slowly: %v", err)
 	}
 }
 

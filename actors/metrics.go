@@ -60,7 +60,8 @@ type Metrics struct {
 	events eventLog
 }
 
-// NewMetrics registers a node's series on reg.
+// NewMetrics registers a node's series on reg. It is one table of the
+// series, with their names and help, which reads best in one place.
 func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 	labels := []string{"model_name", "engine"}
 	gauge := func(name, help string) *prometheus.GaugeVec {

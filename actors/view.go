@@ -142,9 +142,9 @@ func (a *APIServerActor) view() *apiServerView {
 // its load (live for the ranks it balances over, from the coordinator's
 // snapshot for the others), and the coordinator.
 func (n *Node) View(ctx context.Context) (*ClusterView, error) {
-	timeout := 5 * time.Second
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
+	timeout, err := futureTimeout(ctx, 5*time.Second)
+	if err != nil {
+		return nil, err
 	}
 	res, err := n.system.Root.RequestFuture(n.root, &getMembers{}, timeout).Result()
 	if err != nil {
@@ -186,6 +186,16 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 	if e.Quorum {
 		v.Coordinator.Node = e.Leader.Name
 	}
+	v.addUnlisted(mv, av.snapshot, owner)
+	slices.SortFunc(v.Ranks, func(a, b RankView) int { return a.Rank - b.Rank })
+	return v, nil
+}
+
+// addUnlisted adds the ranks the API server does not balance over: from
+// the coordinator's snapshot, then the members' ranks it has not reported,
+// then the deployment's ranks that no member serves. owner maps a rank to
+// the member that serves it.
+func (v *ClusterView) addUnlisted(mv *membersView, snap *dpnodev1.LoadSnapshot, owner map[int]string) {
 	// listed tracks the ranks in v.Ranks; list adds one that is not.
 	listed := make(map[int]bool, len(v.Ranks))
 	for _, r := range v.Ranks {
@@ -197,7 +207,7 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 			v.Ranks = append(v.Ranks, r)
 		}
 	}
-	if snap := av.snapshot; snap != nil {
+	if snap != nil {
 		v.Coordinator.SnapshotSeq, v.Coordinator.LastSnapshot = snap.Seq, time.Unix(0, snap.PublishedUnixNano)
 		v.Coordinator.RanksReported = len(snap.Ranks)
 		v.Coordinator.Wave, v.Coordinator.WaveRunning, v.Coordinator.Group = snap.CurrentWave, snap.EnginesRunning, snap.GroupRanks
@@ -222,6 +232,4 @@ func (n *Node) View(ctx context.Context) (*ClusterView, error) {
 			list(RankView{Rank: r})
 		}
 	}
-	slices.SortFunc(v.Ranks, func(a, b RankView) int { return a.Rank - b.Rank })
-	return v, nil
 }

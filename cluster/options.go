@@ -280,50 +280,8 @@ func (o Options) dpFlags() dp.Flags {
 // check rejects contradictory or impossible flags, all before anything
 // starts, and resolves the defaults that do not depend on the GPUs.
 func (o Options) check() (*plan, error) {
-	switch {
-	case o.Engine != "sim" && o.Engine != "llamacpp":
-		return nil, flagError("--engine %q is not available; the engines are: sim (simulated), llamacpp (a GGUF model)", o.Engine)
-	case o.SimTimeScale < 0 || math.IsNaN(o.SimTimeScale) || math.IsInf(o.SimTimeScale, 0):
-		return nil, flagError("--sim-time-scale must be a finite number at least 0, got %v", o.SimTimeScale)
-	case o.Port < 0 || o.Port > 65535:
-		return nil, flagError("--port must be between 0 and 65535, got %d", o.Port)
-	case o.MetricsPort < -1 || o.MetricsPort > 65535:
-		return nil, flagError("--metrics-port must be between 0 and 65535, got %d", o.MetricsPort)
-	case o.RPCPort < 0 || o.RPCPort > 65535:
-		return nil, flagError("--data-parallel-rpc-port must be between 0 and 65535, got %d", o.RPCPort)
-	case o.Host != "" && net.ParseIP(o.Host) == nil && o.Host != "localhost":
-		return nil, flagError("--host must be an IP address or localhost, got %q", o.Host)
-	case o.GPUs < 1:
-		return nil, flagError("--gpus must be at least 1, got %d", o.GPUs)
-	case o.MaxNumSeqs < 0, o.MaxNumBatchedTokens < 0, o.MaxModelLen < 0:
-		return nil, flagError("--max-num-seqs, --max-num-batched-tokens and --max-model-len must not be negative")
-	case o.MaxMigrations < 0 || o.EngineMaxRestarts < 0:
-		return nil, flagError("--max-migrations and --engine-max-restarts must not be negative")
-	case o.EngineRestartWindow <= 0:
-		return nil, flagError("--engine-restart-window must be positive, got %v", o.EngineRestartWindow)
-	case o.CollectiveTimeout <= 0:
-		return nil, flagError("--ep-collective-timeout must be positive, got %v", o.CollectiveTimeout)
-	case o.JoinTimeout <= 0:
-		return nil, flagError("--join-timeout must be positive, got %v", o.JoinTimeout)
-	case o.MaxConnections < 0:
-		return nil, flagError("--max-connections must not be negative, got %d", o.MaxConnections)
-	case o.HTTPTimeouts.Write < 0:
-		return nil, flagError("--client-write-timeout must not be negative, got %v", o.HTTPTimeouts.Write)
-	case o.DrainTimeout < 0:
-		return nil, flagError("--drain-timeout must not be negative, got %v", o.DrainTimeout)
-	case o.Headless && (len(o.APIKeys) > 0 || o.APIKeyFile != ""):
-		return nil, flagError("--headless serves no API, so --api-key has no effect there")
-	case o.MaxPendingRequests < -1:
-		return nil, flagError("--max-pending-requests must be at least 0 (or -1 for the default), got %d", o.MaxPendingRequests)
-	case o.GossipProfile != "lan" && o.GossipProfile != "local":
-		return nil, flagError("--gossip-profile must be lan or local, got %q", o.GossipProfile)
-	case o.Threads < 0:
-		return nil, flagError("--threads must not be negative, got %d", o.Threads)
-	case !(o.GPUMemoryUtilization > 0 && o.GPUMemoryUtilization <= 1):
-		return nil, flagError("--gpu-memory-utilization must be in (0, 1], got %v", o.GPUMemoryUtilization)
-	case len(o.NodeID) > maxNodeID || strings.ContainsFunc(o.NodeID, func(r rune) bool { return r <= ' ' || r > '~' }):
-		// It travels in the gossiped metadata, which memberlist bounds.
-		return nil, flagError("--node-id must be at most %d printable ASCII characters without spaces, got %q", maxNodeID, o.NodeID)
+	if err := o.checkValues(); err != nil {
+		return nil, err
 	}
 	bind, err := resolveBind(o.Resolver, o.Bind)
 	if err != nil {
@@ -377,21 +335,82 @@ func (o Options) check() (*plan, error) {
 		}
 		return p, nil
 	}
+	if err := p.checkSim(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// checkValues rejects flags whose value is out of range on its own: one
+// table of rules, which reads best in one place.
+func (o Options) checkValues() error {
+	switch {
+	case o.Engine != "sim" && o.Engine != "llamacpp":
+		return flagError("--engine %q is not available; the engines are: sim (simulated), llamacpp (a GGUF model)", o.Engine)
+	case o.SimTimeScale < 0 || math.IsNaN(o.SimTimeScale) || math.IsInf(o.SimTimeScale, 0):
+		return flagError("--sim-time-scale must be a finite number at least 0, got %v", o.SimTimeScale)
+	case o.Port < 0 || o.Port > 65535:
+		return flagError("--port must be between 0 and 65535, got %d", o.Port)
+	case o.MetricsPort < -1 || o.MetricsPort > 65535:
+		return flagError("--metrics-port must be between 0 and 65535, got %d", o.MetricsPort)
+	case o.RPCPort < 0 || o.RPCPort > 65535:
+		return flagError("--data-parallel-rpc-port must be between 0 and 65535, got %d", o.RPCPort)
+	case o.Host != "" && net.ParseIP(o.Host) == nil && o.Host != "localhost":
+		return flagError("--host must be an IP address or localhost, got %q", o.Host)
+	case o.GPUs < 1:
+		return flagError("--gpus must be at least 1, got %d", o.GPUs)
+	case o.MaxNumSeqs < 0, o.MaxNumBatchedTokens < 0, o.MaxModelLen < 0:
+		return flagError("--max-num-seqs, --max-num-batched-tokens and --max-model-len must not be negative")
+	case o.MaxMigrations < 0 || o.EngineMaxRestarts < 0:
+		return flagError("--max-migrations and --engine-max-restarts must not be negative")
+	case o.EngineRestartWindow <= 0:
+		return flagError("--engine-restart-window must be positive, got %v", o.EngineRestartWindow)
+	case o.CollectiveTimeout <= 0:
+		return flagError("--ep-collective-timeout must be positive, got %v", o.CollectiveTimeout)
+	case o.JoinTimeout <= 0:
+		return flagError("--join-timeout must be positive, got %v", o.JoinTimeout)
+	case o.MaxConnections < 0:
+		return flagError("--max-connections must not be negative, got %d", o.MaxConnections)
+	case o.HTTPTimeouts.Write < 0:
+		return flagError("--client-write-timeout must not be negative, got %v", o.HTTPTimeouts.Write)
+	case o.DrainTimeout < 0:
+		return flagError("--drain-timeout must not be negative, got %v", o.DrainTimeout)
+	case o.Headless && (len(o.APIKeys) > 0 || o.APIKeyFile != ""):
+		return flagError("--headless serves no API, so --api-key has no effect there")
+	case o.MaxPendingRequests < -1:
+		return flagError("--max-pending-requests must be at least 0 (or -1 for the default), got %d", o.MaxPendingRequests)
+	case o.GossipProfile != "lan" && o.GossipProfile != "local":
+		return flagError("--gossip-profile must be lan or local, got %q", o.GossipProfile)
+	case o.Threads < 0:
+		return flagError("--threads must not be negative, got %d", o.Threads)
+	case !(o.GPUMemoryUtilization > 0 && o.GPUMemoryUtilization <= 1):
+		return flagError("--gpu-memory-utilization must be in (0, 1], got %v", o.GPUMemoryUtilization)
+	case len(o.NodeID) > maxNodeID || strings.ContainsFunc(o.NodeID, func(r rune) bool { return r <= ' ' || r > '~' }):
+		// It travels in the gossiped metadata, which memberlist bounds.
+		return flagError("--node-id must be at most %d printable ASCII characters without spaces, got %q", maxNodeID, o.NodeID)
+	}
+	return nil
+}
+
+// checkSim resolves the simulated engine's profile and the scheduler
+// flags against it.
+func (p *plan) checkSim() error {
+	o := p.opts
 	profile, err := sim.LoadProfile(o.Profiles, o.SimProfile)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --sim-profile: %w", errFlags, err)
+		return fmt.Errorf("%w: --sim-profile: %w", errFlags, err)
 	}
 	p.profile = profile
 	if o.ExpertParallel {
 		if profile.Kind != sim.KindMoE {
-			return nil, flagError("--enable-expert-parallel needs a mixture-of-experts model; the profile %s is %s (try --sim-profile qwen3-30b-a3b-h200)", profile.Name, profile.Kind)
+			return flagError("--enable-expert-parallel needs a mixture-of-experts model; the profile %s is %s (try --sim-profile qwen3-30b-a3b-h200)", profile.Name, profile.Kind)
 		}
 		// The group is every rank of the deployment. An elastic one is
 		// checked at each join, by the coordinator (control.Claim.Experts).
 		size, _ := dp.Resolve(p.flags, max(o.GPUs, 1))
 		if !size.Elastic {
 			if err := profile.CheckExpertParallel(size.Size); err != nil {
-				return nil, fmt.Errorf("%w: --enable-expert-parallel: %w", errFlags, err)
+				return fmt.Errorf("%w: --enable-expert-parallel: %w", errFlags, err)
 			}
 		}
 		p.experts = profile.MoE.NumExperts
@@ -409,9 +428,9 @@ func (o Options) check() (*plan, error) {
 	p.scheduler.MaxModelLen = orDefault(o.MaxModelLen, profile.MaxModelLen)
 	p.scheduler.EnablePrefixCaching = !o.NoPrefixCaching
 	if err := p.scheduler.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", errFlags, err)
+		return fmt.Errorf("%w: %w", errFlags, err)
 	}
-	return p, nil
+	return nil
 }
 
 // topology resolves the data-parallel flags given the local GPU count:

@@ -138,6 +138,41 @@ func UnsetFlags() Flags {
 	return Flags{Size: -1, LocalSize: -1, StartRank: -1, Rank: -1}
 }
 
+// resolveMode is the load-balancing mode the flags select, or why they
+// contradict each other.
+func resolveMode(f Flags) (Mode, error) {
+	mode := Hybrid
+	if f.LB != "" {
+		m, err := ParseMode(f.LB)
+		if err != nil {
+			return 0, err
+		}
+		mode = m
+	}
+	external := f.ExternalLB || f.Rank >= 0 || f.Rank == Auto
+	switch {
+	case f.HybridLB && f.LB != "" && mode != Hybrid:
+		return 0, fmt.Errorf("dp: --data-parallel-hybrid-lb contradicts --data-parallel-lb %s", f.LB)
+	case f.HybridLB && external:
+		return 0, fmt.Errorf("dp: --data-parallel-hybrid-lb and external load balancing (--data-parallel-rank or --data-parallel-external-lb) cannot both be set")
+	case external && f.LB != "" && mode != External:
+		return 0, fmt.Errorf("dp: --data-parallel-rank and --data-parallel-external-lb select external load balancing, which contradicts --data-parallel-lb %s", f.LB)
+	case f.Headless && (f.HybridLB || (f.LB != "" && mode == Hybrid)):
+		return 0, fmt.Errorf("dp: hybrid load balancing is not applicable with --headless: a headless node has no API server")
+	case f.Headless && external:
+		return 0, fmt.Errorf("dp: --headless contradicts external load balancing (--data-parallel-rank): a headless node has no API server")
+	case f.Headless && f.PortSet:
+		return 0, fmt.Errorf("dp: --headless serves no API, so --port cannot be set with it")
+	}
+	if external {
+		mode = External
+	}
+	if f.Headless {
+		mode = Internal
+	}
+	return mode, nil
+}
+
 // Resolve turns flags into a topology, with one clear error for a
 // contradictory combination. localGPUs is the number of GPUs on the node:
 // with no sizes given, the node hosts one rank per GPU.
@@ -146,34 +181,9 @@ func UnsetFlags() Flags {
 // default whatever the sizes, and a single node is hybrid with every rank
 // local (vLLM silently switches that case to internal).
 func Resolve(f Flags, localGPUs int) (Topology, error) {
-	mode := Hybrid
-	if f.LB != "" {
-		m, err := ParseMode(f.LB)
-		if err != nil {
-			return Topology{}, err
-		}
-		mode = m
-	}
-	external := f.ExternalLB || f.Rank >= 0 || f.Rank == Auto
-	switch {
-	case f.HybridLB && f.LB != "" && mode != Hybrid:
-		return Topology{}, fmt.Errorf("dp: --data-parallel-hybrid-lb contradicts --data-parallel-lb %s", f.LB)
-	case f.HybridLB && external:
-		return Topology{}, fmt.Errorf("dp: --data-parallel-hybrid-lb and external load balancing (--data-parallel-rank or --data-parallel-external-lb) cannot both be set")
-	case external && f.LB != "" && mode != External:
-		return Topology{}, fmt.Errorf("dp: --data-parallel-rank and --data-parallel-external-lb select external load balancing, which contradicts --data-parallel-lb %s", f.LB)
-	case f.Headless && (f.HybridLB || (f.LB != "" && mode == Hybrid)):
-		return Topology{}, fmt.Errorf("dp: hybrid load balancing is not applicable with --headless: a headless node has no API server")
-	case f.Headless && external:
-		return Topology{}, fmt.Errorf("dp: --headless contradicts external load balancing (--data-parallel-rank): a headless node has no API server")
-	case f.Headless && f.PortSet:
-		return Topology{}, fmt.Errorf("dp: --headless serves no API, so --port cannot be set with it")
-	}
-	if external {
-		mode = External
-	}
-	if f.Headless {
-		mode = Internal
+	mode, err := resolveMode(f)
+	if err != nil {
+		return Topology{}, err
 	}
 	switch {
 	case f.LocalSize == Auto:

@@ -1,9 +1,7 @@
 package httpapi
 
 import (
-	"bytes"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/dpnode/dpnode/actors"
 	"github.com/dpnode/dpnode/engine"
@@ -158,6 +155,20 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 	}
 	g.rank = rank
 
+	if g.sampling, e = s.samplings(p, prompts, chat, gbnf); e != nil {
+		return nil, e
+	}
+	if p.PromptLogprobs != nil {
+		g.promptTop = *p.PromptLogprobs
+		g.askPromptLogprobs(g.promptTop, true)
+	}
+	return g, nil
+}
+
+// samplings are the sampling parameters of each prompt: the request's,
+// within what its context leaves for output.
+func (s *Server) samplings(p *commonParams, prompts []promptInput, chat bool, gbnf string) ([]engine.SamplingParams, *apiError) {
+	var out []engine.SamplingParams
 	maxTokens, param := p.MaxTokens, "max_tokens"
 	if p.MaxCompletionTokens != nil {
 		maxTokens, param = p.MaxCompletionTokens, "max_completion_tokens"
@@ -212,116 +223,9 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 				sp.LogitBias[uint32(id)] = float32(v)
 			}
 		}
-		g.sampling = append(g.sampling, sp)
+		out = append(out, sp)
 	}
-	if p.PromptLogprobs != nil {
-		g.promptTop = *p.PromptLogprobs
-		g.askPromptLogprobs(g.promptTop, true)
-	}
-	return g, nil
-}
-
-// choice is the state of one requested completion.
-type choice struct {
-	subID  string
-	prompt int
-	text   []byte
-	// sent is how much of text the client has; only text that cannot
-	// still turn out to be the start of a stop string is sent.
-	sent   int
-	tokens int
-	// ids are the tokens generated, kept for return_token_ids and
-	// logprobs only; ids[idsSent:] are not yet streamed.
-	ids     []uint32
-	idsSent int
-	// lps are the tokens' log-probabilities, when asked; lps[lpsSent:]
-	// are not yet streamed, and textOffset is where the next one's text
-	// starts.
-	lps        []*engine.TokenLogprobs
-	lpsSent    int
-	textOffset int
-	// promptLps are the prompt's log-probabilities, when asked (the
-	// first set: a moved request computes them again); promptSent is
-	// set once they went to the client.
-	promptLps  []*engine.TokenLogprobs
-	promptSent bool
-	// vllmPromptSent is set once vLLM's prompt_logprobs went out.
-	vllmPromptSent bool
-	// rank served the latest tokens; -1 before the first.
-	rank int
-	// cached counts the prompt tokens found in the prefix cache.
-	cached int
-	finish string
-	// stopReason is vLLM's: the stop string or stop token id that ended
-	// the choice; nil for an end-of-sequence token or another finish.
-	stopReason any
-	done       bool
-	// started and finishSent track what a stream has told the client.
-	started, finishSent bool
-	// calls reads tool calls from the text as it is released (parsed);
-	// callIDs are the ids of the calls announced so far.
-	calls   *toolcall.Parser
-	parsed  strings.Builder
-	callIDs []string
-}
-
-// addText appends decoded text and matches stop strings in the part that
-// could newly contain one. It reports whether one matched.
-func (c *choice) addText(delta string, stops []string, includeStop bool) bool {
-	longest := 0
-	for _, s := range stops {
-		longest = max(longest, len(s))
-	}
-	from := max(0, len(c.text)-longest+1)
-	c.text = append(c.text, delta...)
-	at, matched := -1, ""
-	for _, s := range stops {
-		if i := bytes.Index(c.text[from:], []byte(s)); i >= 0 && (at < 0 || from+i < at) {
-			at, matched = from+i, s
-		}
-	}
-	if at < 0 {
-		return false
-	}
-	if includeStop {
-		at += len(matched)
-	}
-	c.text = c.text[:at]
-	c.stopReason = matched
-	return true
-}
-
-// pending returns text the client can have now: all of it once the choice
-// is done, else all but a tail that might begin a stop string, cut at a
-// rune boundary, and never the first bytes of a character whose last ones
-// the next token brings (a token may hold part of a character). What is
-// left incomplete at the end is the client's as is, and JSON gives it as
-// U+FFFD, as vLLM does.
-func (c *choice) pending(stops []string) string {
-	end := len(c.text)
-	if !c.done {
-		for _, s := range stops {
-			end = min(end, len(c.text)-len(s)+1)
-		}
-		for end > c.sent && end < len(c.text) && !utf8.RuneStart(c.text[end]) {
-			end--
-		}
-		if end == len(c.text) {
-			start := end - 1
-			for start > c.sent && end-start < utf8.UTFMax && !utf8.RuneStart(c.text[start]) {
-				start--
-			}
-			if start >= c.sent && utf8.RuneStart(c.text[start]) && !utf8.FullRune(c.text[start:end]) {
-				end = start
-			}
-		}
-	}
-	if end <= c.sent {
-		return ""
-	}
-	out := string(c.text[c.sent:end])
-	c.sent = end
-	return out
+	return out, nil
 }
 
 func finishName(f engine.FinishReason) string {
@@ -361,45 +265,21 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 		return
 	}
 	defer s.release(len(choices))
-	stream := actors.NewStream()
-	arrival := time.Now()
-	for i := range choices {
-		pi := i / g.n
-		sp := g.sampling[pi]
-		if k := i % g.n; k > 0 {
-			// Parallel samples of one prompt differ as if seeded apart.
-			seed := int64(k)
-			if sp.Seed != nil {
-				seed += *sp.Seed
-			}
-			sp.Seed = &seed
-		}
-		choices[i] = &choice{subID: fmt.Sprintf("%s-%d", g.id, i), prompt: pi, rank: -1}
-		if g.tools != nil {
-			p, err := toolcall.New(g.tools.format, g.tools.opts)
-			if err != nil {
-				writeError(w, &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()})
-				return
-			}
-			choices[i].calls = p
-		}
-		s.cfg.Backend.Submit(&actors.Submission{
-			ID: choices[i].subID, Prompt: g.prompts[pi].tokens, Sampling: sp,
-			Rank: g.rank, Stream: stream, Index: i, Arrival: arrival, CacheSalt: g.cacheSalt,
-			// With no stream to write and no stop string to find, the
-			// tokens are wanted at the end only: one event, not one per step.
-			Whole: !g.stream && len(g.stops) == 0,
-		})
-	}
 	// Whatever ends this call, no request of it may keep an engine busy.
 	defer func() {
 		for _, c := range choices {
-			if !c.done {
+			if c != nil && !c.done {
 				s.cfg.Backend.Abort(c.subID)
 				s.cfg.Backend.Finished(actors.Outcome{Rank: c.rank, Reason: engine.FinishedAbort})
 			}
 		}
 	}()
+	stream := actors.NewStream()
+	arrival := time.Now()
+	if err := s.submit(g, choices, stream, arrival); err != nil {
+		writeError(w, err)
+		return
+	}
 
 	var out *sseWriter
 	if g.stream {
@@ -422,49 +302,10 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 			}
 			if ev.Err != nil || ev.Finish == engine.FinishedError {
 				c.done = true
-				e := eventError(ev.Err)
-				if out == nil || !out.started {
-					writeError(w, e)
-				} else {
-					out.data(errorBody{Error: e})
-					out.done()
-				}
+				failCall(w, out, eventError(ev.Err))
 				return
 			}
-			c.tokens += len(ev.Tokens)
-			if g.tokenIDs || g.logprobs {
-				c.ids = append(c.ids, ev.Tokens...)
-			}
-			if g.logprobs {
-				c.lps = append(c.lps, ev.Logprobs...)
-			}
-			if g.promptLogprobs && c.promptLps == nil {
-				c.promptLps = ev.PromptLogprobs
-			}
-			if len(ev.Tokens) > 0 {
-				c.rank = ev.Rank
-			}
-			if c.cached == 0 {
-				c.cached = ev.NumCachedTokens
-			}
-			text := ev.Tokens
-			if n := len(text); ev.Finish == engine.FinishedStop && n > 0 {
-				// The engine stops on an end-of-sequence or a stop token:
-				// it ends the text without being part of it, as in vLLM
-				// (it still counts as a completion token).
-				if slices.Contains(g.sampling[c.prompt].StopTokenIDs, text[n-1]) {
-					c.stopReason = text[n-1]
-				}
-				if !g.includeStop {
-					text = text[:n-1]
-				}
-			}
-			reason := ev.Finish
-			if len(text) > 0 && c.addText(g.decode(text), g.stops, g.includeStop) {
-				reason = engine.FinishedStop
-				s.cfg.Backend.Abort(c.subID)
-			}
-			if reason != engine.NotFinished {
+			if reason := s.take(g, c, ev); reason != engine.NotFinished {
 				c.finish, c.done = finishName(reason), true
 				remaining--
 				s.cfg.Backend.Finished(actors.Outcome{Rank: c.rank, Reason: reason, PromptTokens: len(g.prompts[c.prompt].tokens), Latency: time.Since(arrival)})
@@ -493,6 +334,89 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 		return
 	}
 	s.respond(w, g, choices, u)
+}
+
+// failCall answers a call one of whose requests failed: with the error's
+// status before a stream started, as the stream's last event after.
+func failCall(w http.ResponseWriter, out *sseWriter, e *apiError) {
+	if out == nil || !out.started {
+		writeError(w, e)
+		return
+	}
+	out.data(errorBody{Error: e})
+	out.done()
+}
+
+// submit sends one request per choice; the parallel samples of a prompt
+// differ as if seeded apart.
+func (s *Server) submit(g *genSpec, choices []*choice, stream *actors.Stream, arrival time.Time) *apiError {
+	for i := range choices {
+		pi := i / g.n
+		sp := g.sampling[pi]
+		if k := i % g.n; k > 0 {
+			seed := int64(k)
+			if sp.Seed != nil {
+				seed += *sp.Seed
+			}
+			sp.Seed = &seed
+		}
+		c := &choice{subID: fmt.Sprintf("%s-%d", g.id, i), prompt: pi, rank: -1}
+		if g.tools != nil {
+			p, err := toolcall.New(g.tools.format, g.tools.opts)
+			if err != nil {
+				return &apiError{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()}
+			}
+			c.calls = p
+		}
+		choices[i] = c
+		s.cfg.Backend.Submit(&actors.Submission{
+			ID: c.subID, Prompt: g.prompts[pi].tokens, Sampling: sp,
+			Rank: g.rank, Stream: stream, Index: i, Arrival: arrival, CacheSalt: g.cacheSalt,
+			// With no stream to write and no stop string to find, the
+			// tokens are wanted at the end only: one event, not one per step.
+			Whole: !g.stream && len(g.stops) == 0,
+		})
+	}
+	return nil
+}
+
+// take adds an event's tokens to its choice and says how the choice
+// finished: as the engine says, or stopped by a stop string (its request
+// is aborted then), or NotFinished.
+func (s *Server) take(g *genSpec, c *choice, ev actors.Event) engine.FinishReason {
+	c.tokens += len(ev.Tokens)
+	if g.tokenIDs || g.logprobs {
+		c.ids = append(c.ids, ev.Tokens...)
+	}
+	if g.logprobs {
+		c.lps = append(c.lps, ev.Logprobs...)
+	}
+	if g.promptLogprobs && c.promptLps == nil {
+		c.promptLps = ev.PromptLogprobs
+	}
+	if len(ev.Tokens) > 0 {
+		c.rank = ev.Rank
+	}
+	if c.cached == 0 {
+		c.cached = ev.NumCachedTokens
+	}
+	text := ev.Tokens
+	if n := len(text); ev.Finish == engine.FinishedStop && n > 0 {
+		// The engine stops on an end-of-sequence or a stop token: it ends
+		// the text without being part of it, as in vLLM (it still counts
+		// as a completion token).
+		if slices.Contains(g.sampling[c.prompt].StopTokenIDs, text[n-1]) {
+			c.stopReason = text[n-1]
+		}
+		if !g.includeStop {
+			text = text[:n-1]
+		}
+	}
+	if len(text) > 0 && c.addText(g.decode(text), g.stops, g.includeStop) {
+		s.cfg.Backend.Abort(c.subID)
+		return engine.FinishedStop
+	}
+	return ev.Finish
 }
 
 func (g *genSpec) usage(choices []*choice) usage {
@@ -665,76 +589,6 @@ func (s *Server) streamUsage(out *sseWriter, g *genSpec, u usage) {
 		return
 	}
 	out.data(completionResponse{ID: g.id, Object: "text_completion", Created: g.created, Model: g.model, Choices: []completionChoice{}, Usage: &u})
-}
-
-// sseWriter writes server-sent events. Headers go out with the first
-// event, so that an error that comes first can still be a plain HTTP
-// error with its status.
-type sseWriter struct {
-	w  http.ResponseWriter
-	rc *http.ResponseController
-	// timeout bounds each flush: a client that takes nothing for that
-	// long is dropped, and err says so.
-	timeout time.Duration
-	err     error
-	buf     bytes.Buffer
-	started bool
-}
-
-func (o *sseWriter) start() {
-	h := o.w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Connection", "keep-alive")
-	h.Set("X-Accel-Buffering", "no")
-	o.w.WriteHeader(http.StatusOK)
-	o.started = true
-}
-
-func (o *sseWriter) data(v any) {
-	if !o.started {
-		o.start()
-	}
-	o.buf.WriteString("data: ")
-	enc := json.NewEncoder(&o.buf)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
-	o.buf.WriteString("\n")
-}
-
-func newSSEWriter(w http.ResponseWriter, timeout time.Duration) *sseWriter {
-	return &sseWriter{w: w, rc: http.NewResponseController(w), timeout: timeout}
-}
-
-// flush sends what is buffered within the write timeout; after the first
-// failure it sends nothing.
-func (o *sseWriter) flush() {
-	if o.err != nil {
-		o.buf.Reset()
-		return
-	}
-	if err := o.rc.SetWriteDeadline(time.Now().Add(o.timeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
-		o.err = err
-	}
-	if o.err == nil {
-		_, o.err = o.w.Write(o.buf.Bytes())
-	}
-	if o.err == nil {
-		o.err = o.rc.Flush()
-	}
-	o.buf.Reset()
-}
-
-// liftDeadline clears the write deadline, which net/http would otherwise
-// keep into the connection's next request.
-func (o *sseWriter) liftDeadline() { _ = o.rc.SetWriteDeadline(time.Time{}) }
-
-func (o *sseWriter) done() {
-	if !o.started {
-		o.start()
-	}
-	o.buf.WriteString("data: [DONE]\n\n")
-	o.flush()
 }
 
 // finiteLogprob is a log-probability JSON can carry: -9999 for -inf, as

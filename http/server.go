@@ -140,21 +140,37 @@ func (s *Server) SetDraining() { s.draining.Store(true) }
 
 // New checks cfg and builds the routes.
 func New(cfg Config) (*Server, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, created: time.Now().Unix()}
+	s.bodies.limit = cfg.MaxBodyBytesInFlight
+	s.bodyLimits = s.limitsOfBodies()
+	if err := s.registerMetrics(); err != nil {
+		return nil, err
+	}
+	s.router = s.routes()
+	return s, nil
+}
+
+// withDefaults checks cfg and fills in what it leaves to the defaults.
+func (cfg Config) withDefaults() (Config, error) {
 	switch {
 	case cfg.Backend == nil:
-		return nil, errors.New("httpapi: a backend is required")
+		return cfg, errors.New("httpapi: a backend is required")
 	case cfg.Tokenizer == nil && !cfg.MetricsOnly:
-		return nil, errors.New("httpapi: a tokenizer is required")
+		return cfg, errors.New("httpapi: a tokenizer is required")
 	case cfg.MaxModelLen < 2:
-		return nil, fmt.Errorf("httpapi: max model length %d is too small", cfg.MaxModelLen)
+		return cfg, fmt.Errorf("httpapi: max model length %d is too small", cfg.MaxModelLen)
 	case cfg.Gatherer == nil:
-		return nil, errors.New("httpapi: a metrics gatherer is required")
+		return cfg, errors.New("httpapi: a metrics gatherer is required")
 	case cfg.MaxRequests < 0:
-		return nil, fmt.Errorf("httpapi: the most requests in flight must not be negative, got %d", cfg.MaxRequests)
+		return cfg, fmt.Errorf("httpapi: the most requests in flight must not be negative, got %d", cfg.MaxRequests)
 	case cfg.ToolCallParser != "" && !slices.Contains(toolcall.Parsers(), cfg.ToolCallParser):
-		return nil, fmt.Errorf("httpapi: unknown tool-call parser %q: it must be one of %s", cfg.ToolCallParser, strings.Join(toolcall.Parsers(), ", "))
+		return cfg, fmt.Errorf("httpapi: unknown tool-call parser %q: it must be one of %s", cfg.ToolCallParser, strings.Join(toolcall.Parsers(), ", "))
 	case cfg.AutoToolChoice && cfg.ToolCallParser == "":
-		return nil, errors.New("httpapi: automatic tool choice needs a tool-call parser")
+		return cfg, errors.New("httpapi: automatic tool choice needs a tool-call parser")
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
@@ -168,9 +184,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{cfg: cfg, created: time.Now().Unix()}
-	s.bodies.limit = cfg.MaxBodyBytesInFlight
-	s.bodyLimits = s.limitsOfBodies()
+	return cfg, nil
+}
+
+// registerMetrics makes the server's own series, with a zero for each
+// label, and registers them.
+func (s *Server) registerMetrics() error {
+	cfg := s.cfg
 	s.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "dpnode_http_requests_rejected_total",
 		Help: "Calls refused before any work was done for them: overloaded (503, past --max-pending-requests) or draining (503).",
@@ -188,13 +208,19 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Registerer != nil && !cfg.MetricsOnly {
 		for _, c := range []prometheus.Collector{s.rejected, s.authFailed} {
 			if err := cfg.Registerer.Register(c); err != nil {
-				return nil, fmt.Errorf("httpapi: registering metrics: %w", err)
+				return fmt.Errorf("httpapi: registering metrics: %w", err)
 			}
 		}
 		if err := cfg.APIKeys.Observe(cfg.Logger, cfg.Registerer); err != nil {
-			return nil, err
+			return err
 		}
 	}
+	return nil
+}
+
+// routes is the server's table of routes.
+func (s *Server) routes() chi.Router {
+	cfg := s.cfg
 	r := chi.NewRouter()
 	r.Use(s.recoverer)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
@@ -226,8 +252,7 @@ func New(cfg Config) (*Server, error) {
 	r.Get("/cluster", s.clusterPage)
 	if cfg.MetricsOnly {
 		r.With(s.authenticate).Get("/v1/cluster", s.cluster)
-		s.router = r
-		return s, nil
+		return r
 	}
 	r.Group(func(r chi.Router) {
 		r.Use(s.authenticate)
@@ -239,8 +264,7 @@ func New(cfg Config) (*Server, error) {
 		r.With(s.refuseWhileDraining, s.shedLoad).Post("/v1/completions", s.completions)
 		r.With(s.refuseWhileDraining, s.shedLoad).Post("/v1/chat/completions", s.chatCompletions)
 	})
-	s.router = r
-	return s, nil
+	return r
 }
 
 // Handler returns the server's routes.

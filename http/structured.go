@@ -64,6 +64,9 @@ type constraint struct {
 }
 
 // constraints lists what p asks for; more than one is the client's error.
+// It is a table of the places a request may ask for a constraint (vLLM's
+// response_format, structured_outputs and the older guided_ fields),
+// which reads best in one place.
 func (p *structuredParams) constraints() ([]constraint, *apiError) {
 	var cs []constraint
 	schema := func(param string, s json.RawMessage) {

@@ -73,30 +73,9 @@ func (s *Server) chatTools(p *toolParams) (*toolSpec, *apiError) {
 	if len(p.Tools) > maxTools {
 		return nil, limitError("tools", len(p.Tools), maxTools, "tools")
 	}
-	var defs []toolDef
-	names := map[string]int{}
-	for i, raw := range p.Tools {
-		var d toolDef
-		param := fmt.Sprintf("tools[%d]", i)
-		if err := json.Unmarshal(raw, &d); err != nil || !bytes.HasPrefix(bytes.TrimSpace(raw), []byte("{")) {
-			return nil, badRequest(param+" must be a tool definition: {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}", param)
-		}
-		switch {
-		case d.Type != "function":
-			return nil, badRequest(fmt.Sprintf("%s.type must be function, got %q", param, d.Type), param+".type")
-		case d.Function == nil:
-			return nil, badRequest(param+".function is required", param+".function")
-		case !toolName.MatchString(d.Function.Name):
-			return nil, badRequest(fmt.Sprintf("%s.function.name must be 1 to 64 letters, digits, underscores or dashes; got %q", param, d.Function.Name), param+".function.name")
-		}
-		if params := bytes.TrimSpace(d.Function.Parameters); len(params) > 0 && !bytes.Equal(params, []byte("null")) && params[0] != '{' {
-			return nil, badRequest(param+".function.parameters must be a JSON schema object", param+".function.parameters")
-		}
-		if j, dup := names[d.Function.Name]; dup {
-			return nil, badRequest(fmt.Sprintf("tools[%d] and tools[%d] are both named %q", j, i, d.Function.Name), param+".function.name")
-		}
-		names[d.Function.Name] = i
-		defs = append(defs, d)
+	defs, names, e := toolDefs(p.Tools)
+	if e != nil {
+		return nil, e
 	}
 	if len(defs) > 0 {
 		t.defs = p.Tools
@@ -155,6 +134,36 @@ func (s *Server) chatTools(p *toolParams) (*toolSpec, *apiError) {
 	}
 	t.gbnf, t.param = gbnf, "tool_choice"
 	return t, nil
+}
+
+// toolDefs reads a request's tools: each a function with a valid name,
+// none named twice. names maps a name to its tool's index.
+func toolDefs(tools []json.RawMessage) (defs []toolDef, names map[string]int, e *apiError) {
+	names = map[string]int{}
+	for i, raw := range tools {
+		var d toolDef
+		param := fmt.Sprintf("tools[%d]", i)
+		if err := json.Unmarshal(raw, &d); err != nil || !bytes.HasPrefix(bytes.TrimSpace(raw), []byte("{")) {
+			return nil, nil, badRequest(param+" must be a tool definition: {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}", param)
+		}
+		switch {
+		case d.Type != "function":
+			return nil, nil, badRequest(fmt.Sprintf("%s.type must be function, got %q", param, d.Type), param+".type")
+		case d.Function == nil:
+			return nil, nil, badRequest(param+".function is required", param+".function")
+		case !toolName.MatchString(d.Function.Name):
+			return nil, nil, badRequest(fmt.Sprintf("%s.function.name must be 1 to 64 letters, digits, underscores or dashes; got %q", param, d.Function.Name), param+".function.name")
+		}
+		if params := bytes.TrimSpace(d.Function.Parameters); len(params) > 0 && !bytes.Equal(params, []byte("null")) && params[0] != '{' {
+			return nil, nil, badRequest(param+".function.parameters must be a JSON schema object", param+".function.parameters")
+		}
+		if j, dup := names[d.Function.Name]; dup {
+			return nil, nil, badRequest(fmt.Sprintf("tools[%d] and tools[%d] are both named %q", j, i, d.Function.Name), param+".function.name")
+		}
+		names[d.Function.Name] = i
+		defs = append(defs, d)
+	}
+	return defs, names, nil
 }
 
 // toolChoice reads tool_choice: none, auto, required, or named with the

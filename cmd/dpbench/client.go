@@ -142,14 +142,37 @@ func (c *chunk) cached() int {
 }
 
 // Send streams one completion and times it; start is the run's start.
+// A request that fails still reports what it measured before the failure,
+// with E2E up to the failure.
 func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 	sent := time.Now()
 	o := Outcome{Start: sent.Sub(start), PromptTokens: len(it.Prompt)}
-	fail := func(err error) Outcome {
-		o.Err = err.Error()
-		o.E2E = time.Since(sent)
-		return o
+	req, err := t.completionRequest(ctx, it)
+	if err != nil {
+		return o.fail(sent, err)
 	}
+	resp, err := t.Client.Do(req)
+	if err != nil {
+		return o.fail(sent, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return o.fail(sent, statusError(resp))
+	}
+	if t.NoStream {
+		err = o.readWhole(resp.Body, sent)
+	} else {
+		err = o.readStream(resp.Body, sent)
+	}
+	if err != nil {
+		return o.fail(sent, err)
+	}
+	return o
+}
+
+// completionRequest is the POST of it to /v1/completions, with the
+// target's options.
+func (t *Target) completionRequest(ctx context.Context, it *Item) (*http.Request, error) {
 	body := completionBody{Model: t.Model, Prompt: it.Prompt, MaxTokens: it.MaxTokens, IgnoreEOS: true, Temperature: t.Temperature, Logprobs: t.Logprobs, Stream: !t.NoStream}
 	if t.Schema != nil {
 		body.Structured = &struct {
@@ -163,43 +186,60 @@ func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 	}
 	b, err := json.Marshal(body)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.BaseURL+"/v1/completions", bytes.NewReader(b))
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	t.auth(req)
-	resp, err := t.Client.Do(req)
-	if err != nil {
-		return fail(err)
+	return req, nil
+}
+
+// statusError is the error of a response other than 200 OK: the server's
+// own message where its body is an OpenAI error, else the start of the
+// body.
+func statusError(resp *http.Response) error {
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+	var c chunk
+	if json.Unmarshal(msg, &c) == nil && c.Error != nil {
+		return fmt.Errorf("%d: %s", resp.StatusCode, c.Error.Message)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		var c chunk
-		if json.Unmarshal(msg, &c) == nil && c.Error != nil {
-			return fail(fmt.Errorf("%d: %s", resp.StatusCode, c.Error.Message))
-		}
-		return fail(fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg)))
+	return fmt.Errorf("%s: %s", resp.Status, bytes.TrimSpace(msg))
+}
+
+// fail records err as the outcome's error, ending it now, and returns the
+// outcome.
+func (o *Outcome) fail(sent time.Time, err error) Outcome {
+	o.Err = err.Error()
+	o.E2E = time.Since(sent)
+	return *o
+}
+
+// readWhole reads a whole (not streamed) response into o. With no stream
+// there is no first token to time apart, so TTFT is E2E.
+func (o *Outcome) readWhole(body io.Reader, sent time.Time) error {
+	var c chunk
+	if err := json.NewDecoder(body).Decode(&c); err != nil {
+		return fmt.Errorf("unreadable response: %w", err)
 	}
-	if t.NoStream {
-		var c chunk
-		if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
-			return fail(fmt.Errorf("unreadable response: %w", err))
-		}
-		if c.Usage == nil || c.Usage.CompletionTokens < 1 {
-			return fail(errors.New("a response without usage or output"))
-		}
-		o.E2E = time.Since(sent)
-		o.TTFT, o.OutputTokens = o.E2E, c.Usage.CompletionTokens
-		o.CachedTokens = c.cached()
-		return o
+	if c.Usage == nil || c.Usage.CompletionTokens < 1 {
+		return errors.New("a response without usage or output")
 	}
+	o.E2E = time.Since(sent)
+	o.TTFT, o.OutputTokens = o.E2E, c.Usage.CompletionTokens
+	o.CachedTokens = c.cached()
+	return nil
+}
+
+// readStream reads a stream of server-sent chunks into o, timing the first
+// chunk with text (TTFT), the gaps between the later ones, and the end.
+// A chunk without text (the usage at the end) counts in no gap.
+func (o *Outcome) readStream(body io.Reader, sent time.Time) error {
 	var last time.Time
 	chunks := 0
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 0, 64<<10), 4<<20)
 	for sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
@@ -212,17 +252,17 @@ func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 				o.OutputTokens = chunks
 			}
 			if chunks == 0 {
-				return fail(errors.New("the stream ended without output"))
+				return errors.New("the stream ended without output")
 			}
-			return o
+			return nil
 		}
 		now := time.Now()
 		var c chunk
 		if err := json.Unmarshal([]byte(data), &c); err != nil {
-			return fail(fmt.Errorf("unreadable chunk %q: %w", data, err))
+			return fmt.Errorf("unreadable chunk %q: %w", data, err)
 		}
 		if c.Error != nil {
-			return fail(errors.New(c.Error.Message))
+			return errors.New(c.Error.Message)
 		}
 		if c.Usage != nil {
 			o.OutputTokens = c.Usage.CompletionTokens
@@ -243,7 +283,7 @@ func (t *Target) Send(ctx context.Context, it *Item, start time.Time) Outcome {
 		chunks++
 	}
 	if err := sc.Err(); err != nil {
-		return fail(err)
+		return err
 	}
-	return fail(errors.New("the stream ended without [DONE]"))
+	return errors.New("the stream ended without [DONE]")
 }

@@ -31,14 +31,7 @@ type Load struct {
 // item order (unsent items are left out) and the run's duration, from
 // the first send to the last end.
 func send(ctx context.Context, t *Target, items []Item, l Load, progress io.Writer, label string) ([]Outcome, time.Duration) {
-	bar := progressbar.NewOptions(len(items),
-		progressbar.OptionSetWriter(progress),
-		progressbar.OptionSetDescription(label),
-		progressbar.OptionShowCount(),
-		progressbar.OptionShowIts(),
-		progressbar.OptionSetItsString("req"),
-		progressbar.OptionThrottle(200*time.Millisecond),
-		progressbar.OptionClearOnFinish())
+	bar := newProgressBar(len(items), progress, label)
 	defer bar.Finish()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -57,72 +50,11 @@ func send(ctx context.Context, t *Target, items []Item, l Load, progress io.Writ
 		cancel()
 		_ = bar.Add(1)
 	}
-	var wg sync.WaitGroup
 	if l.Open {
-		var slots chan struct{}
-		if l.MaxInFlight > 0 {
-			slots = make(chan struct{}, l.MaxInFlight)
-		}
-	open:
-		for i := range items {
-			if wait := time.Until(start.Add(items[i].Arrival)); wait > 0 {
-				select {
-				case <-time.After(wait):
-				case <-stop:
-					break open
-				case <-ctx.Done():
-					break open
-				}
-			}
-			if slots != nil {
-				select {
-				case slots <- struct{}{}:
-				case <-stop:
-					break open
-				case <-ctx.Done():
-					break open
-				}
-			}
-			sent[i] = true
-			wg.Go(func() {
-				one(i)
-				if slots != nil {
-					<-slots
-				}
-			})
-		}
+		sendOpen(ctx, items, start, l.MaxInFlight, stop, sent, one)
 	} else {
-		var mu sync.Mutex
-		next := 0
-		stopped := false
-		go func() {
-			select {
-			case <-stop:
-			case <-ctx.Done():
-			}
-			mu.Lock()
-			stopped = true
-			mu.Unlock()
-		}()
-		take := func() int {
-			mu.Lock()
-			defer mu.Unlock()
-			if stopped || next >= len(items) || ctx.Err() != nil {
-				return -1
-			}
-			next++
-			sent[next-1] = true
-			return next - 1
-		}
-		for range max(l.Concurrency, 1) {
-			wg.Go(func() {
-				for i := take(); i >= 0; i = take() {
-					one(i)
-				}
-			})
-		}
+		sendClosed(ctx, len(items), l.Concurrency, stop, sent, one)
 	}
-	wg.Wait()
 	elapsed := time.Since(start)
 	var done []Outcome
 	for i, o := range outcomes {
@@ -131,4 +63,95 @@ func send(ctx context.Context, t *Target, items []Item, l Load, progress io.Writ
 		}
 	}
 	return done, elapsed
+}
+
+// newProgressBar counts the n requests of the run label on progress.
+func newProgressBar(n int, progress io.Writer, label string) *progressbar.ProgressBar {
+	return progressbar.NewOptions(n,
+		progressbar.OptionSetWriter(progress),
+		progressbar.OptionSetDescription(label),
+		progressbar.OptionShowCount(),
+		progressbar.OptionShowIts(),
+		progressbar.OptionSetItsString("req"),
+		progressbar.OptionThrottle(200*time.Millisecond),
+		progressbar.OptionClearOnFinish())
+}
+
+// sendOpen is the open loop: it sends each item at its arrival after
+// start, each with one(i) in a goroutine of its own, and marks it in sent.
+// With maxInFlight positive, an item past that many in flight waits for
+// one to end. It stops sending when stop fires or ctx ends, and returns
+// when every request it sent has ended.
+func sendOpen(ctx context.Context, items []Item, start time.Time, maxInFlight int, stop <-chan time.Time, sent []bool, one func(i int)) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var slots chan struct{}
+	if maxInFlight > 0 {
+		slots = make(chan struct{}, maxInFlight)
+	}
+	for i := range items {
+		if wait := time.Until(start.Add(items[i].Arrival)); wait > 0 {
+			select {
+			case <-time.After(wait):
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+		if slots != nil {
+			select {
+			case slots <- struct{}{}:
+			case <-stop:
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+		sent[i] = true
+		wg.Go(func() {
+			one(i)
+			if slots != nil {
+				<-slots
+			}
+		})
+	}
+}
+
+// sendClosed is the closed loop: concurrency clients (at least one) each
+// take the next of the n items, mark it in sent and send it with one(i),
+// until the items run out, stop fires or ctx ends. It returns when every
+// client has finished its last request.
+func sendClosed(ctx context.Context, n, concurrency int, stop <-chan time.Time, sent []bool, one func(i int)) {
+	var mu sync.Mutex
+	next := 0
+	stopped := false
+	go func() {
+		select {
+		case <-stop:
+		case <-ctx.Done():
+		}
+		mu.Lock()
+		stopped = true
+		mu.Unlock()
+	}()
+	take := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped || next >= n || ctx.Err() != nil {
+			return -1
+		}
+		next++
+		sent[next-1] = true
+		return next - 1
+	}
+	var wg sync.WaitGroup
+	for range max(concurrency, 1) {
+		wg.Go(func() {
+			for i := take(); i >= 0; i = take() {
+				one(i)
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -170,6 +170,13 @@ type runSpec struct {
 	share float64
 }
 
+// benchFunc runs one load of items, under a simulated policy ("" against
+// an endpoint), showing label as its progress, and returns its summary and
+// every request's outcome.
+type benchFunc func(next Items, l Load, policy, label string) (Summary, []Outcome, error)
+
+// run is dpbench: it sets up the bench (simulated or an endpoint), runs
+// every load under every policy, and reports the runs.
 func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if err := o.check(); err != nil {
 		return err
@@ -182,81 +189,18 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if o.quiet {
 		progress = io.Discard
 	}
-	var bench func(next Items, l Load, policy, label string) (Summary, []Outcome, error)
-	target := o.url
-	var sm Simulation
+	var (
+		bench  benchFunc
+		sm     Simulation
+		target = o.url
+	)
 	if o.simulate {
-		profile, err := sim.LoadProfile(dpnode.SimProfiles, o.profile)
-		if err != nil {
-			return err
-		}
-		sm = Simulation{Ranks: o.ranks, Profile: profile, ExpertParallel: o.expertParallel, RanksPerNode: o.ranksPerNode, Seed: o.seed, Context: ctx}
-		target = fmt.Sprintf("simulated: %d ranks of %s (policies %s)", o.ranks, profile.Name, strings.Join(o.policies, ", "))
-		bench = func(next Items, l Load, policy, label string) (Summary, []Outcome, error) {
-			fmt.Fprintf(progress, "%s: simulating...\r", label)
-			return simulate(sm, policy, next, l, o.detail)
-		}
+		bench, sm, target, err = o.simulatedBench(ctx, progress)
 	} else {
-		t := &Target{BaseURL: strings.TrimRight(o.url, "/"), Model: o.model, APIKey: o.apiKey, Client: NewHTTPClient(), NoStream: o.noStream}
-		if o.noKeepAlive {
-			t.Client.Transport.(*http.Transport).DisableKeepAlives = true
-		}
-		if o.temperatureSet {
-			t.Temperature = &o.temperature
-		}
-		if o.logprobs >= 0 {
-			t.Logprobs = &o.logprobs
-		}
-		if o.jsonSchema != "" {
-			b, err := os.ReadFile(o.jsonSchema)
-			if err != nil {
-				return err
-			}
-			if !json.Valid(b) {
-				return fmt.Errorf("--json-schema %s: not JSON", o.jsonSchema)
-			}
-			t.Schema = b
-		}
-		if t.Model == "" {
-			if t.Model, err = t.DiscoverModel(ctx); err != nil {
-				return fmt.Errorf("%s: %w", o.url, err)
-			}
-		}
-		metrics := o.metricsURLs
-		if len(metrics) == 0 {
-			metrics = []string{t.BaseURL + "/metrics"}
-		}
-		if slices.Equal(metrics, []string{"none"}) {
-			metrics = nil
-		}
-		bench = func(next Items, l Load, _, label string) (Summary, []Outcome, error) {
-			items := collect(next)
-			var before map[string]float64
-			if metrics != nil {
-				if before, err = scrapeServed(ctx, t.Client, metrics); err != nil {
-					fmt.Fprintf(stderr, "dpbench: no spread over ranks: %v\n", err)
-					metrics = nil
-				}
-			}
-			probeCtx, stopProbes := context.WithCancel(ctx)
-			probed := make(chan []ProbeSummary, 1)
-			go func() { probed <- probe(probeCtx, NewHTTPClient(), t.BaseURL, o.probes) }()
-			started := time.Now()
-			outs, elapsed := send(ctx, t, items, l, progress, label)
-			stopProbes()
-			probes := <-probed
-			if ctx.Err() != nil {
-				return Summary{}, nil, ctx.Err()
-			}
-			s := summarize(label, outs, elapsed)
-			s.Probes, s.StartedUnixMs = probes, started.UnixMilli()
-			if metrics != nil {
-				if after, err := scrapeServed(ctx, t.Client, metrics); err == nil {
-					s.Ranks = newSpread(servedDelta(before, after))
-				}
-			}
-			return s, outs, nil
-		}
+		bench, err = o.endpointBench(ctx, progress, stderr)
+	}
+	if err != nil {
+		return err
 	}
 	policies := []string{""}
 	if o.simulate {
@@ -277,35 +221,147 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	}
 	for _, spec := range specs {
 		for _, policy := range policies {
-			l := spec.load
-			l.MaxInFlight, l.Duration, l.Timeout = o.maxInFlight, o.duration, o.timeout
-			next := base()
-			if l.Rate > 0 {
-				next = InBursts(next, l.Rate, o.burst, o.seed)
-			}
-			name := policy
-			if o.label != "" {
-				name = o.label
-			}
-			label := runLabel(name, spec)
-			s, outs, err := bench(next, l, policy, label)
+			s, err := o.runOne(bench, base, spec, policy)
 			if err != nil {
 				return err
-			}
-			if o.detail {
-				s.Requests = records(outs)
-			}
-			if o.label != "" {
-				s.Policy = o.label
-			}
-			s.Load, s.OfferedRate, s.Concurrency = spec.share, l.Rate, l.Concurrency
-			if l.Open {
-				s.Concurrency = 0
 			}
 			rep.Runs = append(rep.Runs, s)
 		}
 	}
-	fmt.Fprintf(stdout, "target: %s\nworkload: %s\n", target, describe)
+	return o.writeReport(stdout, rep)
+}
+
+// simulatedBench is the bench of --simulate, which runs each load on the
+// --sim-profile's ranks in virtual time. It returns the simulation too,
+// which measureCapacity reruns, and the target the report names.
+func (o *options) simulatedBench(ctx context.Context, progress io.Writer) (benchFunc, Simulation, string, error) {
+	profile, err := sim.LoadProfile(dpnode.SimProfiles, o.profile)
+	if err != nil {
+		return nil, Simulation{}, "", err
+	}
+	sm := Simulation{Ranks: o.ranks, Profile: profile, ExpertParallel: o.expertParallel, RanksPerNode: o.ranksPerNode, Seed: o.seed, Context: ctx}
+	target := fmt.Sprintf("simulated: %d ranks of %s (policies %s)", o.ranks, profile.Name, strings.Join(o.policies, ", "))
+	bench := func(next Items, l Load, policy, label string) (Summary, []Outcome, error) {
+		fmt.Fprintf(progress, "%s: simulating...\r", label)
+		return simulate(sm, policy, next, l, o.detail)
+	}
+	return bench, sm, target, nil
+}
+
+// endpointBench is the bench of an endpoint: each run sends its requests
+// while probing the server, and reads the spread over ranks from the
+// servers' metrics before and after. Once the metrics cannot be read, the
+// later runs stop trying.
+func (o *options) endpointBench(ctx context.Context, progress, stderr io.Writer) (benchFunc, error) {
+	t, err := o.endpoint(ctx)
+	if err != nil {
+		return nil, err
+	}
+	metrics := o.metricsURLs
+	if len(metrics) == 0 {
+		metrics = []string{t.BaseURL + "/metrics"}
+	}
+	if slices.Equal(metrics, []string{"none"}) {
+		metrics = nil
+	}
+	return func(next Items, l Load, _, label string) (Summary, []Outcome, error) {
+		items := collect(next)
+		var before map[string]float64
+		if metrics != nil {
+			var err error
+			if before, err = scrapeServed(ctx, t.Client, metrics); err != nil {
+				fmt.Fprintf(stderr, "dpbench: no spread over ranks: %v\n", err)
+				metrics = nil
+			}
+		}
+		probeCtx, stopProbes := context.WithCancel(ctx)
+		probed := make(chan []ProbeSummary, 1)
+		go func() { probed <- probe(probeCtx, NewHTTPClient(), t.BaseURL, o.probes) }()
+		started := time.Now()
+		outs, elapsed := send(ctx, t, items, l, progress, label)
+		stopProbes()
+		probes := <-probed
+		if ctx.Err() != nil {
+			return Summary{}, nil, ctx.Err()
+		}
+		s := summarize(label, outs, elapsed)
+		s.Probes, s.StartedUnixMs = probes, started.UnixMilli()
+		if metrics != nil {
+			if after, err := scrapeServed(ctx, t.Client, metrics); err == nil {
+				s.Ranks = newSpread(servedDelta(before, after))
+			}
+		}
+		return s, outs, nil
+	}, nil
+}
+
+// endpoint is the --url endpoint with the request options of the flags,
+// asking it for its model unless --model names one.
+func (o *options) endpoint(ctx context.Context) (*Target, error) {
+	t := &Target{BaseURL: strings.TrimRight(o.url, "/"), Model: o.model, APIKey: o.apiKey, Client: NewHTTPClient(), NoStream: o.noStream}
+	if o.noKeepAlive {
+		t.Client.Transport.(*http.Transport).DisableKeepAlives = true
+	}
+	if o.temperatureSet {
+		t.Temperature = &o.temperature
+	}
+	if o.logprobs >= 0 {
+		t.Logprobs = &o.logprobs
+	}
+	if o.jsonSchema != "" {
+		b, err := os.ReadFile(o.jsonSchema)
+		if err != nil {
+			return nil, err
+		}
+		if !json.Valid(b) {
+			return nil, fmt.Errorf("--json-schema %s: not JSON", o.jsonSchema)
+		}
+		t.Schema = b
+	}
+	if t.Model == "" {
+		var err error
+		if t.Model, err = t.DiscoverModel(ctx); err != nil {
+			return nil, fmt.Errorf("%s: %w", o.url, err)
+		}
+	}
+	return t, nil
+}
+
+// runOne runs spec under policy on a fresh pass of the workload and
+// summarizes it as the report shows it.
+func (o *options) runOne(bench benchFunc, base Workload, spec runSpec, policy string) (Summary, error) {
+	l := spec.load
+	l.MaxInFlight, l.Duration, l.Timeout = o.maxInFlight, o.duration, o.timeout
+	next := base()
+	if l.Rate > 0 {
+		next = InBursts(next, l.Rate, o.burst, o.seed)
+	}
+	name := policy
+	if o.label != "" {
+		name = o.label
+	}
+	label := runLabel(name, spec)
+	s, outs, err := bench(next, l, policy, label)
+	if err != nil {
+		return Summary{}, err
+	}
+	if o.detail {
+		s.Requests = records(outs)
+	}
+	if o.label != "" {
+		s.Policy = o.label
+	}
+	s.Load, s.OfferedRate, s.Concurrency = spec.share, l.Rate, l.Concurrency
+	if l.Open {
+		s.Concurrency = 0
+	}
+	return s, nil
+}
+
+// writeReport prints the table of rep's runs, and writes them as JSON to
+// --out and as a plot to --plot where those are given.
+func (o *options) writeReport(stdout io.Writer, rep report) error {
+	fmt.Fprintf(stdout, "target: %s\nworkload: %s\n", rep.Target, rep.Workload)
 	printTable(stdout, rep.Runs)
 	if o.out != "" {
 		b, err := json.MarshalIndent(rep, "", "  ")
@@ -319,7 +375,7 @@ func run(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	if o.plot != "" {
 		title := o.title
 		if title == "" {
-			title = target
+			title = rep.Target
 		}
 		if err := savePlot(o.plot, title, rep.Runs); err != nil {
 			return err

@@ -191,6 +191,8 @@ func envList(name string) []string {
 	return nil
 }
 
+// newJoinCommand is dpnode join: its help, and the table of its flags,
+// which reads best in one place, as --help lists them.
 func newJoinCommand() *cobra.Command {
 	o := cluster.DefaultOptions()
 	var logLevel string

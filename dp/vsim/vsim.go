@@ -341,15 +341,25 @@ func gaps(reqs []Request) int {
 	return n
 }
 
-// Stream simulates the requests src hands over on the deployment cfg
-// describes, taking each when the simulation reaches its arrival (in a
-// closed loop, when a client is free), and hands rec every outcome and
-// inter-token gap as it happens. The result holds no per-request data.
 // cancelCheckEvents is how often a run looks at its context: every few
 // milliseconds of wall time.
 const cancelCheckEvents = 4096
 
+// Stream simulates the requests src hands over on the deployment cfg
+// describes, taking each when the simulation reaches its arrival (in a
+// closed loop, when a client is free), and hands rec every outcome and
+// inter-token gap as it happens. The result holds no per-request data.
 func Stream(cfg Config, src Source, rec Recorder) (*Result, error) {
+	s, err := newSimulation(cfg, src, rec)
+	if err != nil {
+		return nil, err
+	}
+	return s.run()
+}
+
+// newSimulation checks cfg and sets up its ranks, with their scheduler
+// and, under expert parallelism, their waves.
+func newSimulation(cfg Config, src Source, rec Recorder) (*simulation, error) {
 	switch {
 	case cfg.Ranks < 1:
 		return nil, fmt.Errorf("vsim: need at least one rank, got %d", cfg.Ranks)
@@ -398,6 +408,12 @@ func Stream(cfg Config, src Source, rec Recorder) (*Result, error) {
 			r.wave.SetGroup(*g)
 		}
 	}
+	return s, nil
+}
+
+// run runs the simulation's events in time order until none is left.
+func (s *simulation) run() (*Result, error) {
+	cfg := s.cfg
 	s.fetch()
 	some := s.ahead >= 0
 	if cfg.Concurrency > 0 {

@@ -160,44 +160,9 @@ func (e *Executor) Pid() int { return e.w.Pid() }
 // request's tokens go to the worker as one step, which it computes in one
 // decode.
 func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepResult, error) {
-	step := &dpnodev1.ExecuteStep{Ops: make([]*dpnodev1.KVOp, 0, len(b.SeqOps)), Sequences: make([]*dpnodev1.StepSequence, 0, len(b.Requests))}
-	for _, op := range b.SeqOps {
-		switch op.Kind {
-		case engine.SeqCopy:
-			step.Ops = append(step.Ops, &dpnodev1.KVOp{Op: &dpnodev1.KVOp_Copy{Copy: &dpnodev1.KVCopy{Src: op.Src, Dst: op.Dst, P0: op.P0, P1: op.P1}}})
-		case engine.SeqRemove:
-			step.Ops = append(step.Ops, &dpnodev1.KVOp{Op: &dpnodev1.KVOp_Remove{Remove: &dpnodev1.KVRemove{Seq: op.Dst, P0: op.P0, P1: op.P1}}})
-		}
-	}
-	for i := range b.Requests {
-		r := &b.Requests[i]
-		if r.Seq < 0 {
-			return engine.StepResult{}, errors.New("llamacpp: a step without KV sequences; the scheduler needs sequence slots")
-		}
-		s := &dpnodev1.StepSequence{Seq: r.Seq, Pos: int32(r.NumComputed), Tokens: r.Tokens}
-		if r.Sampling != nil && r.Sampling.PromptLogprobs && r.Prompt != nil {
-			// Each prompt token of the step but the prompt's last is
-			// followed by a prompt token, whose log-probability it gives.
-			from, to := r.NumComputed+1, min(r.NumComputed+r.NumNewTokens, len(r.Prompt)-1)+1
-			if from < to {
-				s.PromptLogprobTargets, s.PromptTopLogprobs, s.PromptRanks = r.Prompt[from:to], int32(r.Sampling.TopLogprobs), r.Sampling.PromptRanks
-			}
-		}
-		if r.SampleIndex >= 0 {
-			s.Sample = e.sampleParams(r)
-			// The penalties count the request's tokens, and a grammar's
-			// state follows them: where the worker's sequence may not
-			// hold them, they go with the step.
-			if sp := r.Sampling; sp.NeedsHistory() {
-				if h := e.history(r); h != nil {
-					if !sp.Penalized() {
-						h.Prompt = nil
-					}
-					s.Sample.History, s.Sample.Grammar = h, sp.Grammar
-				}
-			}
-		}
-		step.Sequences = append(step.Sequences, s)
+	step, err := e.stepOf(b)
+	if err != nil {
+		return engine.StepResult{}, err
 	}
 	rep, err := e.w.Call(ctx, &dpnodev1.WorkerRequest{Body: &dpnodev1.WorkerRequest_Step{Step: step}})
 	if err != nil {
@@ -244,6 +209,51 @@ func (e *Executor) Execute(ctx context.Context, b *engine.Batch) (engine.StepRes
 		k++
 	}
 	return res, nil
+}
+
+// stepOf is the worker's step for b: its KV moves, and each request's
+// tokens, prompt log-probability targets and draw.
+func (e *Executor) stepOf(b *engine.Batch) (*dpnodev1.ExecuteStep, error) {
+	step := &dpnodev1.ExecuteStep{Ops: make([]*dpnodev1.KVOp, 0, len(b.SeqOps)), Sequences: make([]*dpnodev1.StepSequence, 0, len(b.Requests))}
+	for _, op := range b.SeqOps {
+		switch op.Kind {
+		case engine.SeqCopy:
+			step.Ops = append(step.Ops, &dpnodev1.KVOp{Op: &dpnodev1.KVOp_Copy{Copy: &dpnodev1.KVCopy{Src: op.Src, Dst: op.Dst, P0: op.P0, P1: op.P1}}})
+		case engine.SeqRemove:
+			step.Ops = append(step.Ops, &dpnodev1.KVOp{Op: &dpnodev1.KVOp_Remove{Remove: &dpnodev1.KVRemove{Seq: op.Dst, P0: op.P0, P1: op.P1}}})
+		}
+	}
+	for i := range b.Requests {
+		r := &b.Requests[i]
+		if r.Seq < 0 {
+			return nil, errors.New("llamacpp: a step without KV sequences; the scheduler needs sequence slots")
+		}
+		s := &dpnodev1.StepSequence{Seq: r.Seq, Pos: int32(r.NumComputed), Tokens: r.Tokens}
+		if r.Sampling != nil && r.Sampling.PromptLogprobs && r.Prompt != nil {
+			// Each prompt token of the step but the prompt's last is
+			// followed by a prompt token, whose log-probability it gives.
+			from, to := r.NumComputed+1, min(r.NumComputed+r.NumNewTokens, len(r.Prompt)-1)+1
+			if from < to {
+				s.PromptLogprobTargets, s.PromptTopLogprobs, s.PromptRanks = r.Prompt[from:to], int32(r.Sampling.TopLogprobs), r.Sampling.PromptRanks
+			}
+		}
+		if r.SampleIndex >= 0 {
+			s.Sample = e.sampleParams(r)
+			// The penalties count the request's tokens, and a grammar's
+			// state follows them: where the worker's sequence may not
+			// hold them, they go with the step.
+			if sp := r.Sampling; sp.NeedsHistory() {
+				if h := e.history(r); h != nil {
+					if !sp.Penalized() {
+						h.Prompt = nil
+					}
+					s.Sample.History, s.Sample.Grammar = h, sp.Grammar
+				}
+			}
+		}
+		step.Sequences = append(step.Sequences, s)
+	}
+	return step, nil
 }
 
 // sampleParams says how r's next token is drawn. Its seed is a function

@@ -75,7 +75,8 @@ func (c *TestModelConfig) fill() error {
 // WriteTestModel writes the model cfg describes to w, in GGUF, with F32
 // weights drawn from normal distributions scaled as a trained
 // transformer's are (about 1/√width), so that activations stay in range
-// and greedy decoding has clear winners.
+// and greedy decoding has clear winners. It is two tables, the metadata
+// and the tensors, which read best as the file lays them out.
 func WriteTestModel(w io.Writer, cfg TestModelConfig) error {
 	if err := cfg.fill(); err != nil {
 		return err

@@ -275,8 +275,33 @@ func parseProfile(data []byte) (*Profile, error) {
 
 // validate fills the defaults vLLM would use for absent limits and rejects
 // a profile that could not describe a real deployment. It reports every
-// problem at once, each naming the JSON field to fix.
+// problem at once, each naming the JSON field to fix, in the order of the
+// checks below: what the profile is, its limits, its cost, its kind, then
+// the sources and the anchors that cite them.
 func (p *Profile) validate() error {
+	p.fillDefaults()
+	var bad problems
+	p.checkIdentity(&bad)
+	p.checkLimits(&bad)
+	p.checkCost(&bad)
+	p.checkKind(&bad)
+	ids := p.checkSources(&bad)
+	p.checkAnchors(&bad, ids)
+	return errors.Join(bad...)
+}
+
+// problems collects what is wrong with a profile, so that validate can
+// report all of it rather than stop at the first.
+type problems []error
+
+// add records one problem.
+func (ps *problems) add(format string, args ...any) {
+	*ps = append(*ps, fmt.Errorf(format, args...))
+}
+
+// fillDefaults sets the limits a file leaves at zero to vLLM's defaults,
+// and the cross-node factor to its usual 2.
+func (p *Profile) fillDefaults() {
 	if p.BlockSize == 0 {
 		p.BlockSize = 16
 	}
@@ -289,50 +314,59 @@ func (p *Profile) validate() error {
 	if p.ExpertParallel != nil && p.ExpertParallel.CrossNodeFactor == 0 {
 		p.ExpertParallel.CrossNodeFactor = 2.0
 	}
+}
 
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
-
+// checkIdentity checks what the profile is: its name, model and GPU.
+func (p *Profile) checkIdentity(bad *problems) {
 	if !profileNameRE.MatchString(p.Name) || strings.HasSuffix(p.Name, ".json") {
-		bad("name %q must be lower-case letters, digits, '.', '-' or '_', not ending in .json", p.Name)
+		bad.add("name %q must be lower-case letters, digits, '.', '-' or '_', not ending in .json", p.Name)
 	}
 	if p.Model == "" {
-		bad("model is empty; give the served model's Hugging Face id")
+		bad.add("model is empty; give the served model's Hugging Face id")
 	}
 	if p.GPU == "" {
-		bad("gpu is empty; name the GPU the figures are for")
+		bad.add("gpu is empty; name the GPU the figures are for")
 	}
 	if p.HBMBandwidthTBps <= 0 {
-		bad("hbm_bandwidth_tbps is %g; it must be the GPU's memory bandwidth in TB/s", p.HBMBandwidthTBps)
+		bad.add("hbm_bandwidth_tbps is %g; it must be the GPU's memory bandwidth in TB/s", p.HBMBandwidthTBps)
 	}
+}
+
+// checkLimits checks the scheduler's limits, and that the KV cache and the
+// step budget can serve at least one request of the longest length.
+func (p *Profile) checkLimits(bad *problems) {
 	if p.MaxModelLen <= 0 {
-		bad("max_model_len is %d; it must be positive", p.MaxModelLen)
+		bad.add("max_model_len is %d; it must be positive", p.MaxModelLen)
 	}
 	if p.BlockSize < 0 {
-		bad("block_size is %d; it must be positive", p.BlockSize)
+		bad.add("block_size is %d; it must be positive", p.BlockSize)
 	}
 	if p.KVCacheBlocks <= 0 {
-		bad("kv_cache_blocks is %d; the KV cache needs at least one block", p.KVCacheBlocks)
+		bad.add("kv_cache_blocks is %d; the KV cache needs at least one block", p.KVCacheBlocks)
 	} else if p.BlockSize > 0 && p.MaxModelLen > 0 && p.KVCacheBlocks*p.BlockSize < p.MaxModelLen {
-		bad("kv_cache_blocks %d of %d tokens hold %d tokens, fewer than one request of max_model_len %d; lower max_model_len",
+		bad.add("kv_cache_blocks %d of %d tokens hold %d tokens, fewer than one request of max_model_len %d; lower max_model_len",
 			p.KVCacheBlocks, p.BlockSize, p.KVCacheBlocks*p.BlockSize, p.MaxModelLen)
 	}
 	if p.MaxNumSeqs < 0 {
-		bad("max_num_seqs is %d; it must be positive", p.MaxNumSeqs)
+		bad.add("max_num_seqs is %d; it must be positive", p.MaxNumSeqs)
 	}
 	if p.MaxNumBatchedTokens < 0 {
-		bad("max_num_batched_tokens is %d; it must be positive", p.MaxNumBatchedTokens)
+		bad.add("max_num_batched_tokens is %d; it must be positive", p.MaxNumBatchedTokens)
 	} else if p.MaxNumBatchedTokens < p.MaxNumSeqs {
-		bad("max_num_batched_tokens %d is below max_num_seqs %d, so a step could not give every sequence a token",
+		bad.add("max_num_batched_tokens %d is below max_num_seqs %d, so a step could not give every sequence a token",
 			p.MaxNumBatchedTokens, p.MaxNumSeqs)
 	}
+}
 
+// checkCost checks the step-time coefficients: the two that every step
+// pays must be positive, and none may be negative.
+func (p *Profile) checkCost(bad *problems) {
 	c := p.Cost
 	if c.StepBaseMs <= 0 {
-		bad("cost.step_base_ms is %g; every step costs something, so it must be positive", c.StepBaseMs)
+		bad.add("cost.step_base_ms is %g; every step costs something, so it must be positive", c.StepBaseMs)
 	}
 	if c.PrefillTokenMs <= 0 {
-		bad("cost.prefill_token_ms is %g; it must be positive or prefill would be free", c.PrefillTokenMs)
+		bad.add("cost.prefill_token_ms is %g; it must be positive or prefill would be free", c.PrefillTokenMs)
 	}
 	for _, f := range []struct {
 		name string
@@ -344,97 +378,121 @@ func (p *Profile) validate() error {
 		{"cost.expert_ms", c.ExpertMs},
 	} {
 		if f.v < 0 {
-			bad("%s is %g; a cost cannot be negative", f.name, f.v)
+			bad.add("%s is %g; a cost cannot be negative", f.name, f.v)
 		}
 	}
+}
 
+// checkKind checks that the kind is known and that the sections and
+// coefficients about experts are present exactly when it is MoE.
+func (p *Profile) checkKind(bad *problems) {
 	switch p.Kind {
 	case KindDense:
 		if p.MoE != nil {
-			bad("kind is dense but a moe section is present; remove it or set kind to moe")
+			bad.add("kind is dense but a moe section is present; remove it or set kind to moe")
 		}
-		if c.ExpertMs != 0 {
-			bad("kind is dense but cost.expert_ms is %g; a dense model has no experts", c.ExpertMs)
+		if p.Cost.ExpertMs != 0 {
+			bad.add("kind is dense but cost.expert_ms is %g; a dense model has no experts", p.Cost.ExpertMs)
 		}
 		if p.ExpertParallel != nil {
-			bad("kind is dense but an expert_parallel section is present; expert parallelism needs experts")
+			bad.add("kind is dense but an expert_parallel section is present; expert parallelism needs experts")
 		}
 	case KindMoE:
-		if p.MoE == nil {
-			bad("kind is moe but the moe section (num_experts, experts_per_token) is missing")
-		} else {
-			if p.MoE.NumExperts <= 0 {
-				bad("moe.num_experts is %d; a MoE model needs experts", p.MoE.NumExperts)
-			}
-			if p.MoE.ExpertsPerToken <= 0 || p.MoE.ExpertsPerToken > p.MoE.NumExperts {
-				bad("moe.experts_per_token is %d; it must be between 1 and num_experts (%d)",
-					p.MoE.ExpertsPerToken, p.MoE.NumExperts)
-			}
-		}
-		if c.ExpertMs <= 0 {
-			bad("kind is moe but cost.expert_ms is %g; streaming an expert must cost something", c.ExpertMs)
-		}
-		if ep := p.ExpertParallel; ep == nil {
-			bad("kind is moe but the expert_parallel section is missing")
-		} else {
-			if ep.BaseMs < 0 || ep.DecodeTokenMs < 0 || ep.PrefillTokenMs < 0 {
-				bad("expert_parallel costs (%g, %g, %g) cannot be negative", ep.BaseMs, ep.DecodeTokenMs, ep.PrefillTokenMs)
-			}
-			if ep.CrossNodeFactor < 1 {
-				bad("expert_parallel.cross_node_factor is %g; crossing nodes is never faster, so it must be at least 1", ep.CrossNodeFactor)
-			}
-		}
+		p.checkMoE(bad)
 	default:
-		bad("kind is %q; it must be %q or %q", p.Kind, KindDense, KindMoE)
+		bad.add("kind is %q; it must be %q or %q", p.Kind, KindDense, KindMoE)
 	}
+}
 
+// checkMoE checks the sections a MoE profile needs: the experts' shape,
+// the cost of streaming one, and the price of expert parallelism.
+func (p *Profile) checkMoE(bad *problems) {
+	if p.MoE == nil {
+		bad.add("kind is moe but the moe section (num_experts, experts_per_token) is missing")
+	} else {
+		if p.MoE.NumExperts <= 0 {
+			bad.add("moe.num_experts is %d; a MoE model needs experts", p.MoE.NumExperts)
+		}
+		if p.MoE.ExpertsPerToken <= 0 || p.MoE.ExpertsPerToken > p.MoE.NumExperts {
+			bad.add("moe.experts_per_token is %d; it must be between 1 and num_experts (%d)",
+				p.MoE.ExpertsPerToken, p.MoE.NumExperts)
+		}
+	}
+	if p.Cost.ExpertMs <= 0 {
+		bad.add("kind is moe but cost.expert_ms is %g; streaming an expert must cost something", p.Cost.ExpertMs)
+	}
+	if ep := p.ExpertParallel; ep == nil {
+		bad.add("kind is moe but the expert_parallel section is missing")
+	} else {
+		if ep.BaseMs < 0 || ep.DecodeTokenMs < 0 || ep.PrefillTokenMs < 0 {
+			bad.add("expert_parallel costs (%g, %g, %g) cannot be negative", ep.BaseMs, ep.DecodeTokenMs, ep.PrefillTokenMs)
+		}
+		if ep.CrossNodeFactor < 1 {
+			bad.add("expert_parallel.cross_node_factor is %g; crossing nodes is never faster, so it must be at least 1", ep.CrossNodeFactor)
+		}
+	}
+}
+
+// checkSources checks that there are sources, each with a title, the
+// figures taken from it and an ID of its own, and returns the IDs, which
+// the anchors must cite.
+func (p *Profile) checkSources(bad *problems) map[string]bool {
 	ids := make(map[string]bool, len(p.Sources))
 	if len(p.Sources) == 0 {
-		bad("sources is empty; cite where the figures come from")
+		bad.add("sources is empty; cite where the figures come from")
 	}
 	for i, s := range p.Sources {
 		switch {
 		case s.ID == "":
-			bad("sources[%d].id is empty", i)
+			bad.add("sources[%d].id is empty", i)
 		case ids[s.ID]:
-			bad("sources[%d].id %q is used twice", i, s.ID)
+			bad.add("sources[%d].id %q is used twice", i, s.ID)
 		}
 		ids[s.ID] = true
 		if s.Title == "" || s.Figures == "" {
-			bad("sources[%d] (%q) needs a title and the figures taken from it", i, s.ID)
+			bad.add("sources[%d] (%q) needs a title and the figures taken from it", i, s.ID)
 		}
 	}
-	checkAnchor := func(field string, i int, a Anchor, elsewhere bool) {
-		if a.Batch <= 0 || a.ContextTokens < 0 || a.MedianITLMs <= 0 {
-			bad("%s[%d]: batch %d, context_tokens %d and median_itl_ms %g must be positive",
-				field, i, a.Batch, a.ContextTokens, a.MedianITLMs)
-		}
-		if !ids[a.Source] {
-			bad("%s[%d]: source %q is not the id of an entry in sources", field, i, a.Source)
-		}
-		if elsewhere && (a.GPU == "" || a.HBMBandwidthTBps <= 0) {
-			bad("%s[%d]: a measurement on other hardware needs gpu and hbm_bandwidth_tbps", field, i)
-		}
-		if !elsewhere && (a.GPU != "" || a.HBMBandwidthTBps != 0) {
-			bad("%s[%d]: gpu and hbm_bandwidth_tbps belong in measured_elsewhere; measured is this profile's GPU", field, i)
-		}
-	}
+	return ids
+}
+
+// checkAnchors checks the measurements the cost model is held to: each
+// must be positive and cite one of ids, and only one taken on other
+// hardware may name its GPU.
+func (p *Profile) checkAnchors(bad *problems, ids map[string]bool) {
 	for i, a := range p.Measured {
-		checkAnchor("measured", i, a, false)
+		checkAnchor(bad, ids, "measured", i, a, false)
 	}
 	for i, a := range p.MeasuredElsewhere {
-		checkAnchor("measured_elsewhere", i, a, true)
+		checkAnchor(bad, ids, "measured_elsewhere", i, a, true)
 	}
 	for i, a := range p.MeasuredPrefill {
 		if a.PromptTokens <= 0 || a.InputTokensPerS <= 0 {
-			bad("measured_prefill[%d]: prompt_tokens %d and input_tokens_per_s %g must be positive",
+			bad.add("measured_prefill[%d]: prompt_tokens %d and input_tokens_per_s %g must be positive",
 				i, a.PromptTokens, a.InputTokensPerS)
 		}
 		if !ids[a.Source] {
-			bad("measured_prefill[%d]: source %q is not the id of an entry in sources", i, a.Source)
+			bad.add("measured_prefill[%d]: source %q is not the id of an entry in sources", i, a.Source)
 		}
 	}
-	return errors.Join(errs...)
+}
+
+// checkAnchor checks the latency anchor field[i]; elsewhere says it was
+// measured on other hardware, which it must then name.
+func checkAnchor(bad *problems, ids map[string]bool, field string, i int, a Anchor, elsewhere bool) {
+	if a.Batch <= 0 || a.ContextTokens < 0 || a.MedianITLMs <= 0 {
+		bad.add("%s[%d]: batch %d, context_tokens %d and median_itl_ms %g must be positive",
+			field, i, a.Batch, a.ContextTokens, a.MedianITLMs)
+	}
+	if !ids[a.Source] {
+		bad.add("%s[%d]: source %q is not the id of an entry in sources", field, i, a.Source)
+	}
+	if elsewhere && (a.GPU == "" || a.HBMBandwidthTBps <= 0) {
+		bad.add("%s[%d]: a measurement on other hardware needs gpu and hbm_bandwidth_tbps", field, i)
+	}
+	if !elsewhere && (a.GPU != "" || a.HBMBandwidthTBps != 0) {
+		bad.add("%s[%d]: gpu and hbm_bandwidth_tbps belong in measured_elsewhere; measured is this profile's GPU", field, i)
+	}
 }
 
 // CheckExpertParallel reports whether the profile can run with an expert

@@ -287,7 +287,15 @@ func tighter(a, b int) int {
 }
 
 // scan scans doc[i:], doc[:i] having been scanned by earlier calls.
+//
+// Strings, the bulk of a chat body, are read here, escapes included, and so
+// are the bytes between tokens, so that neither costs a call per byte; the
+// bytes that begin or end a value or key, numbers and literals are read by
+// helpers. A helper that reads on past doc[i] returns the index of the last
+// byte it used, so that the loop goes on from the byte after it. Errors
+// return from their own case, so that the loop tests none for plain bytes.
 func (s *scanner) scan(doc []byte, i int) error {
+	var err error
 	for ; i < len(doc); i++ {
 		c := doc[i]
 		switch s.state {
@@ -297,18 +305,12 @@ func (s *scanner) scan(doc []byte, i int) error {
 			}
 			switch c = doc[i]; c {
 			case '"':
-				if s.inKey {
-					s.keyEnd = i
-					s.state = stColon
-				} else {
-					s.state = stAfter
-				}
+				s.endString(i)
 			case '\\':
 				s.state = stEscape
 			default:
 				return syntaxError(i, c, "in string literal")
 			}
-
 		case stEscape:
 			switch c {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
@@ -318,7 +320,6 @@ func (s *scanner) scan(doc []byte, i int) error {
 			default:
 				return syntaxError(i, c, "in string escape code")
 			}
-
 		case stHex:
 			if !isHex(c) {
 				return syntaxError(i, c, `in \u hexadecimal character escape`)
@@ -326,158 +327,187 @@ func (s *scanner) scan(doc []byte, i int) error {
 			if s.hex--; s.hex == 0 {
 				s.state = stString
 			}
-
-		case stValue:
-			if !isSpace(c) {
-				if err := s.beginValue(doc, i); err != nil {
-					return err
-				}
-			}
-
-		case stValueOrClose:
-			switch {
-			case isSpace(c):
-			case c == ']':
+		case stValue, stValueOrClose:
+			if c == ']' && s.state == stValueOrClose {
 				s.close()
-			default:
-				if err := s.beginValue(doc, i); err != nil {
+			} else if !isSpace(c) {
+				if err = s.beginValue(doc, i); err != nil {
 					return err
 				}
 			}
-
 		case stKey, stKeyOrClose:
-			switch {
-			case isSpace(c):
-			case c == '"':
-				top := &s.stack[len(s.stack)-1]
-				if top.count++; top.limit > 0 && top.count > top.limit {
-					return s.limitError(top, "members")
+			if !isSpace(c) {
+				if err = s.beginKey(i, c); err != nil {
+					return err
 				}
-				s.keyStart, s.inKey, s.state = i+1, true, stString
-			case c == '}' && s.state == stKeyOrClose:
-				s.close()
-			default:
-				return syntaxError(i, c, "looking for beginning of object key string")
 			}
-
 		case stColon:
-			switch {
-			case isSpace(c):
-			case c == ':':
+			if c == ':' {
 				s.state = stValue
-			default:
+			} else if !isSpace(c) {
 				return syntaxError(i, c, "after object key")
 			}
-
 		case stAfter:
-			if isSpace(c) {
-				break
-			}
-			n := len(s.stack)
-			if n == 0 {
-				return syntaxError(i, c, "after top-level value")
-			}
-			object := s.stack[n-1].object
-			switch {
-			case c == ',' && object:
-				s.state = stKey
-			case c == ',':
-				s.state = stValue
-			case c == '}' && object, c == ']' && !object:
-				s.close()
-			case object:
-				return syntaxError(i, c, "after object key:value pair")
-			default:
-				return syntaxError(i, c, "after array element")
-			}
-
-		case stNeg:
-			switch {
-			case c == '0':
-				s.state = stZero
-			case '1' <= c && c <= '9':
-				s.state = stInt
-			default:
-				return syntaxError(i, c, "in numeric literal")
-			}
-
-		case stZero, stInt:
-			if s.state == stInt {
-				for isDigit(c) {
-					i++
-					if i == len(doc) {
-						return nil
-					}
-					c = doc[i]
+			if !isSpace(c) {
+				if err = s.afterValue(i, c); err != nil {
+					return err
 				}
 			}
-			switch c {
-			case '.':
-				s.state = stDot
-			case 'e', 'E':
-				s.state = stE
-			default:
-				// The number ended at c, which belongs to what follows.
-				s.state = stAfter
-				i--
+		case stNeg, stZero, stInt, stDot, stFrac:
+			if i, err = s.scanNumber(doc, i); err != nil {
+				return err
 			}
-
-		case stDot:
-			if !isDigit(c) {
-				return syntaxError(i, c, "after decimal point in numeric literal")
+		case stE, stESign, stExp:
+			if i, err = s.scanExponent(doc, i); err != nil {
+				return err
 			}
-			s.state = stFrac
-
-		case stFrac:
-			for isDigit(c) {
-				i++
-				if i == len(doc) {
-					return nil
-				}
-				c = doc[i]
-			}
-			if c == 'e' || c == 'E' {
-				s.state = stE
-			} else {
-				s.state = stAfter
-				i--
-			}
-
-		case stE:
-			switch {
-			case c == '+' || c == '-':
-				s.state = stESign
-			case isDigit(c):
-				s.state = stExp
-			default:
-				return syntaxError(i, c, "in exponent of numeric literal")
-			}
-
-		case stESign:
-			if !isDigit(c) {
-				return syntaxError(i, c, "in exponent of numeric literal")
-			}
-			s.state = stExp
-
-		case stExp:
-			for isDigit(c) {
-				i++
-				if i == len(doc) {
-					return nil
-				}
-				c = doc[i]
-			}
-			s.state = stAfter
-			i--
-
 		case stLiteral:
-			if c != s.lit[0] {
-				return syntaxError(i, c, fmt.Sprintf("in literal (expecting %s)", quoteChar(s.lit[0])))
-			}
-			if s.lit = s.lit[1:]; s.lit == "" {
-				s.state = stAfter
+			if err = s.scanLiteral(i, c); err != nil {
+				return err
 			}
 		}
+	}
+	return nil
+}
+
+// endString reads the quote, at i, that ends a string.
+func (s *scanner) endString(i int) {
+	if s.inKey {
+		s.keyEnd = i
+		s.state = stColon
+	} else {
+		s.state = stAfter
+	}
+}
+
+// beginKey reads c, at i, where an object's key or (after '{') its closing
+// brace is expected. A key counts as one of the object's members.
+func (s *scanner) beginKey(i int, c byte) error {
+	switch {
+	case c == '"':
+		top := &s.stack[len(s.stack)-1]
+		if top.count++; top.limit > 0 && top.count > top.limit {
+			return s.limitError(top, "members")
+		}
+		s.keyStart, s.inKey, s.state = i+1, true, stString
+	case c == '}' && s.state == stKeyOrClose:
+		s.close()
+	default:
+		return syntaxError(i, c, "looking for beginning of object key string")
+	}
+	return nil
+}
+
+// afterValue reads c, at i, after a complete value: a comma or the closing
+// bracket of the container around it. At the top level nothing may follow.
+func (s *scanner) afterValue(i int, c byte) error {
+	n := len(s.stack)
+	if n == 0 {
+		return syntaxError(i, c, "after top-level value")
+	}
+	object := s.stack[n-1].object
+	switch {
+	case c == ',' && object:
+		s.state = stKey
+	case c == ',':
+		s.state = stValue
+	case c == '}' && object, c == ']' && !object:
+		s.close()
+	case object:
+		return syntaxError(i, c, "after object key:value pair")
+	default:
+		return syntaxError(i, c, "after array element")
+	}
+	return nil
+}
+
+// scanNumber reads a number's sign, integer part and fraction from doc[i],
+// and returns the index of the last byte it used. Runs of digits are read
+// in one go; the byte that ends a number belongs to what follows, so it is
+// left for the loop to read again.
+func (s *scanner) scanNumber(doc []byte, i int) (int, error) {
+	c := doc[i]
+	switch s.state {
+	case stNeg:
+		switch {
+		case c == '0':
+			s.state = stZero
+		case '1' <= c && c <= '9':
+			s.state = stInt
+		default:
+			return i, syntaxError(i, c, "in numeric literal")
+		}
+	case stZero, stInt:
+		if s.state == stInt {
+			if i = skipDigits(doc, i); i == len(doc) {
+				return i - 1, nil
+			}
+			c = doc[i]
+		}
+		switch c {
+		case '.':
+			s.state = stDot
+		case 'e', 'E':
+			s.state = stE
+		default:
+			// The number ended at c, which belongs to what follows.
+			s.state = stAfter
+			return i - 1, nil
+		}
+	case stDot:
+		if !isDigit(c) {
+			return i, syntaxError(i, c, "after decimal point in numeric literal")
+		}
+		s.state = stFrac
+	default: // stFrac
+		if i = skipDigits(doc, i); i == len(doc) {
+			return i - 1, nil
+		}
+		if c = doc[i]; c != 'e' && c != 'E' {
+			s.state = stAfter
+			return i - 1, nil
+		}
+		s.state = stE
+	}
+	return i, nil
+}
+
+// scanExponent reads a number's exponent from doc[i], as scanNumber reads
+// the rest of it.
+func (s *scanner) scanExponent(doc []byte, i int) (int, error) {
+	c := doc[i]
+	switch s.state {
+	case stE:
+		switch {
+		case c == '+' || c == '-':
+			s.state = stESign
+		case isDigit(c):
+			s.state = stExp
+		default:
+			return i, syntaxError(i, c, "in exponent of numeric literal")
+		}
+	case stESign:
+		if !isDigit(c) {
+			return i, syntaxError(i, c, "in exponent of numeric literal")
+		}
+		s.state = stExp
+	default: // stExp
+		if i = skipDigits(doc, i); i < len(doc) {
+			// The number ended at doc[i], which belongs to what follows.
+			s.state = stAfter
+		}
+		return i - 1, nil
+	}
+	return i, nil
+}
+
+// scanLiteral reads c, at i, inside true, false or null.
+func (s *scanner) scanLiteral(i int, c byte) error {
+	if c != s.lit[0] {
+		return syntaxError(i, c, fmt.Sprintf("in literal (expecting %s)", quoteChar(s.lit[0])))
+	}
+	if s.lit = s.lit[1:]; s.lit == "" {
+		s.state = stAfter
 	}
 	return nil
 }
@@ -734,6 +764,15 @@ func plainEnd(doc []byte, i int) int {
 func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c == '\t' }
 
 func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+// skipDigits returns the index of the first byte in doc[i:] that is not a
+// digit, or len(doc).
+func skipDigits(doc []byte, i int) int {
+	for i < len(doc) && isDigit(doc[i]) {
+		i++
+	}
+	return i
+}
 
 func isHex(c byte) bool {
 	return isDigit(c) || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'

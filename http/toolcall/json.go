@@ -80,59 +80,37 @@ func isHex(c byte) bool { return isDigit(c) || 'a' <= c && c <= 'f' || 'A' <= c 
 
 // next reads text from s.pos until an event that is watched. In stDone and
 // stError it reads nothing and returns evMore.
+//
+// The bytes that come most often, in strings, between tokens and around
+// keys, are read here or by helpers small enough to be inlined, so that they
+// cost no call; a number is read by one call, and so is a comma or close
+// after a value. Helpers that may stop return the event to stop for and
+// true, or false to read on.
 func (s *scanner) next(text string) event {
 	for s.pos < len(text) {
-		c := text[s.pos]
-		switch s.state {
+		switch c := text[s.pos]; s.state {
 		case stString:
-			i := s.pos
-			for i < len(text) {
-				c = text[i]
-				if c == '"' || c == '\\' || c < 0x20 {
-					break
-				}
-				i++
-			}
-			s.pos = i
-			switch {
-			case i == len(text):
+			if s.pos = plainEnd(text, s.pos); s.pos == len(text) {
 				return evMore
+			}
+			switch c = text[s.pos]; {
 			case c == '\\':
 				s.state = stEscape
 				s.pos++
 			case c < 0x20:
 				return s.fail()
-			case s.key:
-				s.pos++
-				s.key = false
-				s.state = stColon
-				if len(s.stack) <= s.watch {
-					s.at, s.depth = s.pos, len(s.stack)
-					return evKey
-				}
 			default:
-				s.pos++
-				if s.ended() {
-					return evEnd
+				if ev, stop := s.endString(); stop {
+					return ev
 				}
 			}
 		case stEscape:
-			switch c {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				s.state = stString
-			case 'u':
-				s.state, s.hex = stHex, 4
-			default:
+			if !s.readEscape(c) {
 				return s.fail()
 			}
-			s.pos++
 		case stHex:
-			if !isHex(c) {
+			if !s.readHex(c) {
 				return s.fail()
-			}
-			s.pos++
-			if s.hex--; s.hex == 0 {
-				s.state = stString
 			}
 		case stValue, stValueOrClose:
 			switch {
@@ -143,11 +121,8 @@ func (s *scanner) next(text string) event {
 					return evEnd
 				}
 			default:
-				if s.begin(c) {
-					return evStart
-				}
-				if s.state == stError {
-					return evError
+				if ev := s.begin(c); ev != evMore {
+					return ev
 				}
 			}
 		case stKeyOrClose, stKey:
@@ -165,87 +140,26 @@ func (s *scanner) next(text string) event {
 				return s.fail()
 			}
 		case stColon:
-			switch {
-			case isJSONSpace(c):
-				s.pos++
-			case c == ':':
+			if c == ':' {
 				s.state = stValue
-				s.pos++
-			default:
+			} else if !isJSONSpace(c) {
 				return s.fail()
 			}
+			s.pos++
 		case stNext:
-			top := s.stack[len(s.stack)-1]
-			switch {
-			case isJSONSpace(c):
+			if isJSONSpace(c) {
 				s.pos++
-			case c == ',' && top == '{':
-				s.state = stKey
-				s.pos++
-			case c == ',':
-				s.state = stValue
-				s.pos++
-			case c == '}' && top == '{', c == ']' && top == '[':
-				if s.close() {
-					return evEnd
-				}
-			default:
-				return s.fail()
+			} else if ev, stop := s.readNext(c); stop {
+				return ev
 			}
 		case stLiteral:
-			if c != s.lit[0] {
-				return s.fail()
+			if ev, stop := s.readLiteral(c); stop {
+				return ev
 			}
-			s.pos++
-			if s.lit = s.lit[1:]; s.lit == "" && s.ended() {
-				return evEnd
+		case stMinus, stZero, stInt, stDot, stFrac, stExp, stExpSign, stExpDigits:
+			if ev, stop := s.readNumber(text); stop {
+				return ev
 			}
-		case stMinus:
-			switch {
-			case c == '0':
-				s.state = stZero
-			case isDigit(c):
-				s.state = stInt
-			default:
-				return s.fail()
-			}
-			s.pos++
-		case stZero, stInt, stFrac, stExpDigits:
-			switch {
-			case isDigit(c) && s.state != stZero:
-				s.pos++
-			case c == '.' && (s.state == stZero || s.state == stInt):
-				s.state = stDot
-				s.pos++
-			case (c == 'e' || c == 'E') && s.state != stExpDigits:
-				s.state = stExp
-				s.pos++
-			default:
-				// The number ended before c, which is read again.
-				if s.ended() {
-					return evEnd
-				}
-			}
-		case stDot, stExpSign:
-			if !isDigit(c) {
-				return s.fail()
-			}
-			if s.state == stDot {
-				s.state = stFrac
-			} else {
-				s.state = stExpDigits
-			}
-			s.pos++
-		case stExp:
-			switch {
-			case c == '+' || c == '-':
-				s.state = stExpSign
-			case isDigit(c):
-				s.state = stExpDigits
-			default:
-				return s.fail()
-			}
-			s.pos++
 		default: // stDone, stError
 			return evMore
 		}
@@ -253,9 +167,146 @@ func (s *scanner) next(text string) event {
 	return evMore
 }
 
-// begin starts the value whose first byte, c, is at s.pos, and reports
-// whether its start is watched. A byte that begins no value fails.
-func (s *scanner) begin(c byte) bool {
+// plainEnd returns the offset of the first byte at or after i that ends a
+// run of plain string contents ('"', '\\' or a control character), or
+// len(text).
+func plainEnd(text string, i int) int {
+	for i < len(text) {
+		if c := text[i]; c == '"' || c == '\\' || c < 0x20 {
+			break
+		}
+		i++
+	}
+	return i
+}
+
+// endString reads the quote, at s.pos, that ends a string or a key.
+func (s *scanner) endString() (event, bool) {
+	s.pos++
+	if !s.key {
+		return evEnd, s.ended()
+	}
+	s.key = false
+	s.state = stColon
+	if len(s.stack) <= s.watch {
+		s.at, s.depth = s.pos, len(s.stack)
+		return evKey, true
+	}
+	return evMore, false
+}
+
+// readEscape reads c, at s.pos, after a backslash in a string, and reports
+// whether it may be there.
+func (s *scanner) readEscape(c byte) bool {
+	switch c {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		s.state = stString
+	case 'u':
+		s.state, s.hex = stHex, 4
+	default:
+		return false
+	}
+	s.pos++
+	return true
+}
+
+// readHex reads c, at s.pos, in the digits of a \u escape, and reports
+// whether it may be there.
+func (s *scanner) readHex(c byte) bool {
+	if !isHex(c) {
+		return false
+	}
+	s.pos++
+	if s.hex--; s.hex == 0 {
+		s.state = stString
+	}
+	return true
+}
+
+// readNext reads c, at s.pos, after a member or element, c not being
+// whitespace: a comma, or the close of the container.
+func (s *scanner) readNext(c byte) (event, bool) {
+	top := s.stack[len(s.stack)-1]
+	switch {
+	case c == ',' && top == '{':
+		s.state = stKey
+	case c == ',':
+		s.state = stValue
+	case c == '}' && top == '{', c == ']' && top == '[':
+		return evEnd, s.close()
+	default:
+		return s.fail(), true
+	}
+	s.pos++
+	return evMore, false
+}
+
+// readLiteral reads c, at s.pos, in true, false or null.
+func (s *scanner) readLiteral(c byte) (event, bool) {
+	if c != s.lit[0] {
+		return s.fail(), true
+	}
+	s.pos++
+	if s.lit = s.lit[1:]; s.lit == "" {
+		return evEnd, s.ended()
+	}
+	return evMore, false
+}
+
+// readNumber reads a number from s.pos until it ends, it proves not to be
+// JSON or the text ends. The byte that ends a number is not read: it
+// belongs to what follows.
+func (s *scanner) readNumber(text string) (event, bool) {
+	for ; s.pos < len(text); s.pos++ {
+		c := text[s.pos]
+		switch s.state {
+		case stMinus:
+			switch {
+			case c == '0':
+				s.state = stZero
+			case isDigit(c):
+				s.state = stInt
+			default:
+				return s.fail(), true
+			}
+		case stDot, stExpSign:
+			if !isDigit(c) {
+				return s.fail(), true
+			}
+			if s.state == stDot {
+				s.state = stFrac
+			} else {
+				s.state = stExpDigits
+			}
+		case stExp:
+			switch {
+			case c == '+' || c == '-':
+				s.state = stExpSign
+			case isDigit(c):
+				s.state = stExpDigits
+			default:
+				return s.fail(), true
+			}
+		default: // stZero, stInt, stFrac, stExpDigits
+			switch {
+			case isDigit(c) && s.state != stZero:
+			case c == '.' && (s.state == stZero || s.state == stInt):
+				s.state = stDot
+			case (c == 'e' || c == 'E') && s.state != stExpDigits:
+				s.state = stExp
+			default:
+				// The number ended before c, which is read again.
+				return evEnd, s.ended()
+			}
+		}
+	}
+	return evMore, true
+}
+
+// begin starts the value whose first byte, c, is at s.pos. It returns
+// evStart if the start is watched, evError if c begins no value (which
+// fails), and evMore otherwise.
+func (s *scanner) begin(c byte) event {
 	s.at, s.depth = s.pos, len(s.stack)
 	switch {
 	case c == '{':
@@ -279,11 +330,13 @@ func (s *scanner) begin(c byte) bool {
 	case c == 'n':
 		s.state, s.lit = stLiteral, "ull"
 	default:
-		s.fail()
-		return false
+		return s.fail()
 	}
 	s.pos++
-	return s.depth <= s.watch
+	if s.depth <= s.watch {
+		return evStart
+	}
+	return evMore
 }
 
 // close reads the byte at s.pos, which closes the innermost container, and

@@ -272,15 +272,18 @@ func (p *Parser) Result() (content string, calls []Call) {
 
 // step reads on in the current mode. It reports whether the mode changed,
 // so that the new one may read on; false means it waits for more text.
+//
+// Each mode is read by a method of its own, except modeSeek: most Updates of
+// a hermes or mistral output find it waiting for a marker, so it is read
+// here, at the cost of no further call.
 func (p *Parser) step() bool {
-	text := p.text
 	switch p.mode {
 	case modeSeek:
 		marker := hermesStart
 		if p.format == Mistral {
 			marker = mistralStart
 		}
-		i, hold := find(text, p.pos, marker, "")
+		i, hold := find(p.text, p.pos, marker, "")
 		if i < 0 {
 			p.pos = hold
 			return false
@@ -289,98 +292,133 @@ func (p *Parser) step() bool {
 			p.region = i
 		}
 		p.pos, p.mode = i+len(marker), modeOpen
+		return true
 	case modeOpen:
-		i := skipSpace(text, p.pos)
-		if p.pos = i; i == len(text) {
-			return false
-		}
-		switch {
-		case p.format == Hermes && text[i] == '{':
-			p.startJSON(topCall, i)
-		case p.format == Hermes:
-			p.mode = modeSeek
-		case strings.HasPrefix(text[i:], mistralStart):
-			p.mode = modeSeek
-		case !p.final && strings.HasPrefix(mistralStart, text[i:]):
-			// It may be another [TOOL_CALLS] rather than an array.
-			return false
-		case text[i] == '[':
-			p.startJSON(topArray, i)
-		default:
-			p.nameStart, p.mode = i, modeName
-		}
+		return p.afterMarker()
 	case modeName:
-		i, hold := find(text, p.pos, mistralArgs, mistralStart)
-		if i < 0 {
-			p.pos = hold
-			return false
-		}
-		if strings.HasPrefix(text[i:], mistralStart) {
-			// A marker with no [ARGS] after its name: no call.
-			p.pos, p.mode = i+len(mistralStart), modeOpen
-			return true
-		}
-		name := text[p.nameStart:i]
-		if j := strings.Index(name, mistralID); j >= 0 {
-			name = name[:j]
-		}
-		p.pos = i + len(mistralArgs)
-		if name = strings.TrimSpace(name); name == "" {
-			p.mode = modeSeek
-			return true
-		}
-		c := newCall()
-		c.name, c.named, c.argsSeen = name, true, true
-		p.announce(c)
-		p.cand = c
-		p.startJSON(topArgs, p.pos)
+		return p.readName()
 	case modeLead, modeTag:
-		i := skipSpace(text, p.pos)
-		if p.pos = i; i == len(text) {
-			return false
-		}
-		rest := text[i:]
-		switch {
-		case p.format == Llama3JSON && p.mode == modeLead && strings.HasPrefix(rest, pythonTag):
-			p.region, p.pos, p.mode = i, i+len(pythonTag), modeTag
-		case p.format == Llama3JSON && p.mode == modeLead && !p.final && strings.HasPrefix(pythonTag, rest):
-			return false
-		case p.format == Llama3JSON && rest[0] == '{':
-			if p.region < 0 {
-				p.region = i
-			}
-			p.startJSON(topCall, i)
-		case p.format == JSONList && rest[0] == '[':
-			p.region = i
-			p.startJSON(topArray, i)
-		case p.format == Arguments && rest[0] == '{':
-			p.region = i
-			c := newCall()
-			c.name, c.named, c.argsSeen = p.opts.Named, true, true
-			p.announce(c)
-			p.cand = c
-			p.startJSON(topArgs, i)
-		default:
-			p.mode = modeContent
-		}
+		return p.readLead()
 	case modeBetween:
-		i := p.pos
-		for i < len(text) && (isSpace(text[i]) || text[i] == ';') {
-			i++
-		}
-		if p.pos = i; i == len(text) {
-			return false
-		}
-		if text[i] == '{' {
-			p.startJSON(topCall, i)
-		} else {
-			p.mode = modeDrop
-		}
+		return p.readBetween()
 	case modeJSON:
 		return p.readJSON()
 	default: // modeContent, modeDrop
-		p.pos = len(text)
+		p.pos = len(p.text)
 		return false
+	}
+}
+
+// afterMarker reads what follows a marker, past whitespace: a call object
+// (hermes), or an array of them, another marker or a name (mistral). It
+// reports whether it picked the next mode.
+func (p *Parser) afterMarker() bool {
+	text := p.text
+	i := skipSpace(text, p.pos)
+	if p.pos = i; i == len(text) {
+		return false
+	}
+	switch {
+	case p.format == Hermes && text[i] == '{':
+		p.startJSON(topCall, i)
+	case p.format == Hermes:
+		p.mode = modeSeek
+	case strings.HasPrefix(text[i:], mistralStart):
+		p.mode = modeSeek
+	case !p.final && strings.HasPrefix(mistralStart, text[i:]):
+		// It may be another [TOOL_CALLS] rather than an array.
+		return false
+	case text[i] == '[':
+		p.startJSON(topArray, i)
+	default:
+		p.nameStart, p.mode = i, modeName
+	}
+	return true
+}
+
+// readName reads a Mistral name up to its [ARGS] and, unless the name is
+// empty, announces the call and starts reading its arguments. It reports
+// whether the name ended.
+func (p *Parser) readName() bool {
+	text := p.text
+	i, hold := find(text, p.pos, mistralArgs, mistralStart)
+	if i < 0 {
+		p.pos = hold
+		return false
+	}
+	if strings.HasPrefix(text[i:], mistralStart) {
+		// A marker with no [ARGS] after its name: no call.
+		p.pos, p.mode = i+len(mistralStart), modeOpen
+		return true
+	}
+	name := text[p.nameStart:i]
+	if j := strings.Index(name, mistralID); j >= 0 {
+		name = name[:j]
+	}
+	p.pos = i + len(mistralArgs)
+	if name = strings.TrimSpace(name); name == "" {
+		p.mode = modeSeek
+		return true
+	}
+	c := newCall()
+	c.name, c.named, c.argsSeen = name, true, true
+	p.announce(c)
+	p.cand = c
+	p.startJSON(topArgs, p.pos)
+	return true
+}
+
+// readLead reads the start of an output that may be all calls (llama3_json,
+// json_list, arguments), past whitespace and, for llama3_json, a
+// <|python_tag|>. It reports whether it picked the next mode.
+func (p *Parser) readLead() bool {
+	text := p.text
+	i := skipSpace(text, p.pos)
+	if p.pos = i; i == len(text) {
+		return false
+	}
+	rest := text[i:]
+	switch {
+	case p.format == Llama3JSON && p.mode == modeLead && strings.HasPrefix(rest, pythonTag):
+		p.region, p.pos, p.mode = i, i+len(pythonTag), modeTag
+	case p.format == Llama3JSON && p.mode == modeLead && !p.final && strings.HasPrefix(pythonTag, rest):
+		return false
+	case p.format == Llama3JSON && rest[0] == '{':
+		if p.region < 0 {
+			p.region = i
+		}
+		p.startJSON(topCall, i)
+	case p.format == JSONList && rest[0] == '[':
+		p.region = i
+		p.startJSON(topArray, i)
+	case p.format == Arguments && rest[0] == '{':
+		p.region = i
+		c := newCall()
+		c.name, c.named, c.argsSeen = p.opts.Named, true, true
+		p.announce(c)
+		p.cand = c
+		p.startJSON(topArgs, i)
+	default:
+		p.mode = modeContent
+	}
+	return true
+}
+
+// readBetween reads the separators after a llama3_json object, and reports
+// whether what follows them began.
+func (p *Parser) readBetween() bool {
+	text := p.text
+	i := p.pos
+	for i < len(text) && (isSpace(text[i]) || text[i] == ';') {
+		i++
+	}
+	if p.pos = i; i == len(text) {
+		return false
+	}
+	if text[i] == '{' {
+		p.startJSON(topCall, i)
+	} else {
+		p.mode = modeDrop
 	}
 	return true
 }

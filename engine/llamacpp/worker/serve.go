@@ -276,33 +276,9 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	if err := m.partialRemoval(); err != nil {
 		return nil, fmt.Errorf("dpnode cannot serve this model: %w", err)
 	}
-	var elem uint64
-	switch l.KvCacheDtype {
-	case "f16":
-		elem = 2
-	case "f32":
-		elem = 4
-	default:
-		return nil, fmt.Errorf("KV cache type %q: it must be f16 or f32", l.KvCacheDtype)
-	}
-	ready.KvBytesPerToken = m.kvBytesPerToken(elem)
-	ready.ModelBytes = m.size()
-	ready.Device = deviceName(int(l.GpuLayers))
-	seqs := uint64(l.Sequences)
-	if seqs < 1 || seqs > 256 {
-		return nil, fmt.Errorf("%d sequences asked; llama.cpp takes 1 to 256", seqs)
-	}
-	if l.StreamCells < 1 {
-		return nil, errors.New("a KV stream of no cells asked")
-	}
-	// llama.cpp pads each stream to a multiple of 256 cells.
-	stream := (uint64(l.StreamCells) + 255) / 256 * 256
-	if ready.KvBytesPerToken > 0 && l.KvCacheBytes > 0 {
-		seqs = min(seqs, l.KvCacheBytes/(stream*ready.KvBytesPerToken))
-	}
-	if seqs == 0 {
-		return nil, fmt.Errorf("a KV cache of %d bytes (%d bytes a token) holds less than one sequence of the max model length %d: give it more memory (--kv-cache-memory-bytes) or lower --max-model-len",
-			l.KvCacheBytes, ready.KvBytesPerToken, l.StreamCells)
+	elem, seqs, stream, err := kvShape(l, m, ready)
+	if err != nil {
+		return nil, err
 	}
 	inGraph := false
 	switch l.GreedyInGraph {
@@ -333,6 +309,40 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	ready.Sequences = uint32(ctx.sequences())
 	ready.StreamCells = uint32(ctx.streamCells())
 	return ready, nil
+}
+
+// kvShape is the KV cache a load asks for, as llama.cpp lays it out: the
+// bytes of an element, the sequences that fit the memory given, and the
+// cells of each one's stream. It fills in ready's KV and model sizes.
+func kvShape(l *dpnodev1.LoadModel, m *model, ready *dpnodev1.ModelReady) (elem, seqs, stream uint64, err error) {
+	switch l.KvCacheDtype {
+	case "f16":
+		elem = 2
+	case "f32":
+		elem = 4
+	default:
+		return 0, 0, 0, fmt.Errorf("KV cache type %q: it must be f16 or f32", l.KvCacheDtype)
+	}
+	ready.KvBytesPerToken = m.kvBytesPerToken(elem)
+	ready.ModelBytes = m.size()
+	ready.Device = deviceName(int(l.GpuLayers))
+	seqs = uint64(l.Sequences)
+	if seqs < 1 || seqs > 256 {
+		return 0, 0, 0, fmt.Errorf("%d sequences asked; llama.cpp takes 1 to 256", seqs)
+	}
+	if l.StreamCells < 1 {
+		return 0, 0, 0, errors.New("a KV stream of no cells asked")
+	}
+	// llama.cpp pads each stream to a multiple of 256 cells.
+	stream = (uint64(l.StreamCells) + 255) / 256 * 256
+	if ready.KvBytesPerToken > 0 && l.KvCacheBytes > 0 {
+		seqs = min(seqs, l.KvCacheBytes/(stream*ready.KvBytesPerToken))
+	}
+	if seqs == 0 {
+		return 0, 0, 0, fmt.Errorf("a KV cache of %d bytes (%d bytes a token) holds less than one sequence of the max model length %d: give it more memory (--kv-cache-memory-bytes) or lower --max-model-len",
+			l.KvCacheBytes, ready.KvBytesPerToken, l.StreamCells)
+	}
+	return elem, seqs, stream, nil
 }
 
 // sampleParams are the engine's for a token of sequence seq, as the
@@ -391,32 +401,83 @@ func (s *server) sampleParams(seq int32, p *dpnodev1.SampleParams) (sampling.Par
 func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 	start := time.Now()
 	c := s.ctx
-	nSeq := int32(len(s.last))
 	done := &dpnodev1.StepDone{}
-	for _, op := range st.Ops {
+	if err := s.kvOps(st.Ops); err != nil {
+		return nil, err
+	}
+	done.KvOpsNanos = time.Since(start).Nanoseconds()
+	n, err := s.batch(st)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.placeSampling(len(s.prompts) > 0); err != nil {
+		return nil, err
+	}
+	// The requests' tokens: a gap's fillers are not theirs.
+	done.ComputedTokens = uint32(n - len(s.fillers))
+	done.GapTokens = uint32(len(s.fillers))
+	if n > 0 {
+		t := time.Now()
+		if err := c.decode(n); err != nil {
+			return nil, err
+		}
+		done.DecodeNanos = time.Since(t).Nanoseconds()
+	}
+	for _, f := range s.fillers {
+		if !c.seqRemove(f.seq, f.pos, -1) {
+			return nil, fmt.Errorf("llama.cpp could not remove the gap's token from sequence %d", f.seq)
+		}
+	}
+	sampleStart := time.Now()
+	if err := s.promptLogprobs(st, done); err != nil {
+		return nil, err
+	}
+	if err := s.draw(); err != nil {
+		return nil, err
+	}
+	s.advance(done)
+	end := time.Now()
+	done.SampleNanos = end.Sub(sampleStart).Nanoseconds()
+	done.ComputeNanos = end.Sub(start).Nanoseconds()
+	return done, nil
+}
+
+// kvOps copies and removes KV cache streams as the scheduler asks, before
+// the step's batch.
+func (s *server) kvOps(ops []*dpnodev1.KVOp) error {
+	c := s.ctx
+	nSeq := int32(len(s.last))
+	for _, op := range ops {
 		switch o := op.Op.(type) {
 		case *dpnodev1.KVOp_Copy:
 			if o.Copy.Src < 0 || o.Copy.Src >= nSeq || o.Copy.Dst < 0 || o.Copy.Dst >= nSeq {
-				return nil, fmt.Errorf("a KV copy between sequences %d and %d, of %d", o.Copy.Src, o.Copy.Dst, nSeq)
+				return fmt.Errorf("a KV copy between sequences %d and %d, of %d", o.Copy.Src, o.Copy.Dst, nSeq)
 			}
 			if o.Copy.Src == o.Copy.Dst || o.Copy.P0 > 0 || o.Copy.P1 > 0 {
-				return nil, fmt.Errorf("a KV copy of positions [%d, %d) from sequence %d to %d: only whole streams are copied, between two", o.Copy.P0, o.Copy.P1, o.Copy.Src, o.Copy.Dst)
+				return fmt.Errorf("a KV copy of positions [%d, %d) from sequence %d to %d: only whole streams are copied, between two", o.Copy.P0, o.Copy.P1, o.Copy.Src, o.Copy.Dst)
 			}
 			c.seqCopy(o.Copy.Src, o.Copy.Dst)
 			s.hasLast[o.Copy.Dst] = false
 		case *dpnodev1.KVOp_Remove:
 			if o.Remove.Seq < 0 || o.Remove.Seq >= nSeq {
-				return nil, fmt.Errorf("a KV removal from sequence %d, of %d", o.Remove.Seq, nSeq)
+				return fmt.Errorf("a KV removal from sequence %d, of %d", o.Remove.Seq, nSeq)
 			}
 			if !c.seqRemove(o.Remove.Seq, o.Remove.P0, o.Remove.P1) {
-				return nil, fmt.Errorf("llama.cpp could not remove positions [%d, %d) of sequence %d", o.Remove.P0, o.Remove.P1, o.Remove.Seq)
+				return fmt.Errorf("llama.cpp could not remove positions [%d, %d) of sequence %d", o.Remove.P0, o.Remove.P1, o.Remove.Seq)
 			}
 			if o.Remove.P0 == 0 && o.Remove.P1 < 0 {
 				s.hasLast[o.Remove.Seq] = false
 			}
 		}
 	}
-	done.KvOpsNanos = time.Since(start).Nanoseconds()
+	return nil
+}
+
+// batch fills llama.cpp's batch with the step's tokens, and the rows to
+// sample with what each draws by; it returns the batch's size.
+func (s *server) batch(st *dpnodev1.ExecuteStep) (int, error) {
+	c := s.ctx
+	nSeq := int32(len(s.last))
 	s.rows, s.params = s.rows[:0], s.params[:0]
 	// The batch goes in sequence order: llama.cpp computes consecutive
 	// sequences with equal token counts in one pass over the weights, and
@@ -424,7 +485,7 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 	s.order = s.order[:0]
 	for i, q := range st.Sequences {
 		if q.Seq < 0 || q.Seq >= nSeq || q.Pos < 0 {
-			return nil, fmt.Errorf("a step of sequence %d at position %d, of %d sequences", q.Seq, q.Pos, nSeq)
+			return 0, fmt.Errorf("a step of sequence %d at position %d, of %d sequences", q.Seq, q.Pos, nSeq)
 		}
 		s.order = append(s.order, i)
 	}
@@ -450,22 +511,22 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		tokens := q.Tokens
 		if len(tokens) == 0 {
 			if !s.hasLast[q.Seq] {
-				return nil, fmt.Errorf("sequence %d continues from its sampled token, but it sampled none", q.Seq)
+				return 0, fmt.Errorf("sequence %d continues from its sampled token, but it sampled none", q.Seq)
 			}
 			tokens = []uint32{s.last[q.Seq]}
 		}
 		if n+len(tokens) > c.nBatch {
-			return nil, fmt.Errorf("a step of more than %d tokens", c.nBatch)
+			return 0, fmt.Errorf("a step of more than %d tokens", c.nBatch)
 		}
 		if len(q.PromptLogprobTargets) > len(tokens) {
-			return nil, fmt.Errorf("%d prompt log-probability targets for %d tokens of sequence %d", len(q.PromptLogprobTargets), len(tokens), q.Seq)
+			return 0, fmt.Errorf("%d prompt log-probability targets for %d tokens of sequence %d", len(q.PromptLogprobTargets), len(tokens), q.Seq)
 		}
 		if len(q.PromptLogprobTargets) > 0 {
 			s.prompts = append(s.prompts, promptRows{step: i, first: n})
 		}
 		for j, t := range tokens {
 			if int(t) >= c.nVocab {
-				return nil, fmt.Errorf("token %d is not in the vocabulary of %d", t, c.nVocab)
+				return 0, fmt.Errorf("token %d is not in the vocabulary of %d", t, c.nVocab)
 			}
 			last := j == len(tokens)-1
 			c.batchToken(n, t, q.Pos+int32(j), q.Seq, (last && q.Sample != nil) || j < len(q.PromptLogprobTargets))
@@ -479,40 +540,24 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 			// The batch index of the row, until its logits are out.
 			sp, err := s.sampleParams(q.Seq, q.Sample)
 			if err != nil {
-				return nil, err
+				return 0, err
 			}
 			s.rows = append(s.rows, sampleRow{seq: q.Seq, tok: s.outIndex[i]})
 			s.params = append(s.params, sp)
 		}
 	}
-	if err := s.placeSampling(len(s.prompts) > 0); err != nil {
-		return nil, err
-	}
-	// The requests' tokens: a gap's fillers are not theirs.
-	done.ComputedTokens = uint32(n - len(s.fillers))
-	done.GapTokens = uint32(len(s.fillers))
-	if n > 0 {
-		t := time.Now()
-		if err := c.decode(n); err != nil {
-			return nil, err
-		}
-		done.DecodeNanos = time.Since(t).Nanoseconds()
-	}
-	for _, f := range s.fillers {
-		if !c.seqRemove(f.seq, f.pos, -1) {
-			return nil, fmt.Errorf("llama.cpp could not remove the gap's token from sequence %d", f.seq)
-		}
-	}
-	sampleStart := time.Now()
-	if err := s.promptLogprobs(st, done); err != nil {
-		return nil, err
-	}
+	return n, nil
+}
+
+// draw samples each row's token from the decode's logits.
+func (s *server) draw() error {
+	c := s.ctx
 	if c.attached {
 		// Every row is greedy, and llama.cpp took its argmax in the graph.
 		for i := range s.rows {
 			r := &s.rows[i]
 			if r.tok = c.sampled(int(r.tok)); r.tok < 0 {
-				return nil, fmt.Errorf("llama.cpp sampled no token for sequence %d in its graph", r.seq)
+				return fmt.Errorf("llama.cpp sampled no token for sequence %d in its graph", r.seq)
 			}
 		}
 	} else {
@@ -544,6 +589,13 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 			r.logprobs = lp
 		})
 	}
+	return nil
+}
+
+// advance records the drawn tokens: in the step's answer, with their
+// log-probabilities when any row asked, and in each sequence's history
+// and grammar.
+func (s *server) advance(done *dpnodev1.StepDone) {
 	logprobs := false
 	for i := range s.params {
 		logprobs = logprobs || s.params[i].Logprobs
@@ -571,10 +623,6 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 		done.Tokens = append(done.Tokens, uint32(r.tok))
 		r.logits = nil
 	}
-	end := time.Now()
-	done.SampleNanos = end.Sub(sampleStart).Nanoseconds()
-	done.ComputeNanos = end.Sub(start).Nanoseconds()
-	return done, nil
 }
 
 // placeSampling decides, before a decode, where its rows are sampled: in

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -82,9 +81,9 @@ type nodeActor struct {
 	// load their model).
 	keys    map[string]string
 	pending map[string]pendingMember
-	// engines are the ids of the node's engines, which it supervises for
-	// the API server.
-	engines map[string]bool
+	// engines are the ranks of the node's engines, by actor id: the node
+	// actor supervises them for the API server.
+	engines map[string]int
 }
 
 type pendingMember struct {
@@ -215,7 +214,7 @@ func (n *nodeActor) startEngines(ctx actor.Context) []LocalEngine {
 	cfg := n.cfg
 	api := actor.NewPID(ctx.Self().Address, apiServerID)
 	engines := make([]LocalEngine, cfg.Topology.LocalSize)
-	n.engines = make(map[string]bool, len(engines))
+	n.engines = make(map[string]int, len(engines))
 	for i := range engines {
 		rank, dev := cfg.Topology.StartRank+i, cfg.Devices[i]
 		ec := EngineConfig{
@@ -238,7 +237,7 @@ func (n *nodeActor) startEngines(ctx actor.Context) []LocalEngine {
 		if err != nil {
 			panic(fmt.Errorf("actors: spawning the engine of rank %d: %w", rank, err))
 		}
-		n.engines[pid.Id] = true
+		n.engines[pid.Id] = rank
 		engines[i] = LocalEngine{Config: ec, PID: pid, Epoch: epoch}
 	}
 	return engines
@@ -255,11 +254,11 @@ var childStrategy = actor.NewOneForOneStrategy(10, time.Minute, actor.DefaultDec
 // requests and decides when, or whether, it restarts: the restart waits
 // out a backoff, and the engine's mailbox keeps what comes meanwhile.
 func (n *nodeActor) HandleFailure(system *actor.ActorSystem, sup actor.Supervisor, child *actor.PID, rs *actor.RestartStatistics, reason, message any) {
-	if !n.engines[child.Id] {
+	rank, isEngine := n.engines[child.Id]
+	if !isEngine {
 		childStrategy.HandleFailure(system, sup, child, rs, reason, message)
 		return
 	}
-	rank, _ := strconv.Atoi(child.Id[strings.LastIndexByte(child.Id, '-')+1:])
 	system.Root.Send(n.api, &engineFailed{rank: rank, reason: reason,
 		restart: func() { sup.RestartChildren(child) }, stop: func() { sup.StopChildren(child) }})
 }
@@ -459,7 +458,7 @@ func (n *nodeActor) announceCoordinator(ctx actor.Context) {
 }
 
 func (n *nodeActor) terminated(ctx actor.Context, who *actor.PID) {
-	if n.stopping || n.engines[who.Id] {
+	if _, isEngine := n.engines[who.Id]; n.stopping || isEngine {
 		// An engine stopped for good: the API server watches it.
 		return
 	}

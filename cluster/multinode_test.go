@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dpnode/dpnode/cluster"
+	"github.com/dpnode/dpnode/control"
 )
 
 // These tests run real dpnode processes on 127.0.0.x, each test on its own
@@ -348,13 +348,31 @@ func TestGossipConvergence(t *testing.T) {
 	}
 }
 
+// clusterCA makes a cluster CA in the test's temporary directory, as
+// dpnode certs does, and returns what issues a node its TLS files.
+func clusterCA(t *testing.T) func(node string) control.TLSFiles {
+	t.Helper()
+	ca, _, err := control.OpenCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func(node string) control.TLSFiles {
+		t.Helper()
+		f, err := ca.Issue(node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+}
+
 // TestActorTransportWithMutualTLS forms a two-node cluster whose actor
 // traffic is mutual TLS: the load snapshots of the coordinator on one node
 // reach the other, and its engines' stats reach the coordinator.
 func TestActorTransportWithMutualTLS(t *testing.T) {
-	ca := cluster.NewTestCA(t, "cluster")
+	issue := clusterCA(t)
 	tlsArgs := func(name string) []string {
-		f := ca.Node(t, name)
+		f := issue(name)
 		return []string{"--cluster-tls-cert", f.Cert, "--cluster-tls-key", f.Key, "--cluster-tls-ca", f.CA}
 	}
 	a := startProc(t, "127.0.0.101", nodeArgs("127.0.0.101", append(tlsArgs("a"), "--host", "127.0.0.101", "--port", "0",
@@ -375,9 +393,9 @@ func TestActorTransportWithMutualTLS(t *testing.T) {
 // Before, gossip admitted it on the key alone: it claimed rank 1, counted
 // toward the quorum, and locked rank 1's owner out.
 func TestMemberNeedsACertificateOfTheCA(t *testing.T) {
-	ours, theirs := cluster.NewTestCA(t, "cluster"), cluster.NewTestCA(t, "other")
+	ours, theirs := clusterCA(t), clusterCA(t)
 	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{'k'}, 32))
-	args := func(ip string, files cluster.TLSFiles, start int, seeds ...string) []string {
+	args := func(ip string, files control.TLSFiles, start int, seeds ...string) []string {
 		a := nodeArgs(ip, "--host", ip, "--port", "0", "--gossip-key", key,
 			"--cluster-tls-cert", files.Cert, "--cluster-tls-key", files.Key, "--cluster-tls-ca", files.CA,
 			"--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-start-rank", fmt.Sprint(start))
@@ -386,15 +404,15 @@ func TestMemberNeedsACertificateOfTheCA(t *testing.T) {
 		}
 		return a
 	}
-	a := startProc(t, "127.0.0.106", args("127.0.0.106", ours.Node(t, "a"), 0)...)
+	a := startProc(t, "127.0.0.106", args("127.0.0.106", ours("a"), 0)...)
 	// The intruder trusts the cluster's CA, as an attacker's build would
 	// trust anything: only the first node's check keeps it out. It may
 	// think itself joined; the cluster does not count it.
-	intruder := theirs.Node(t, "intruder")
-	intruder.CA = ours.Node(t, "unused").CA
+	intruder := theirs("intruder")
+	intruder.CA = ours("unused").CA
 	_, _ = launch(t, "127.0.0.107", args("127.0.0.107", intruder, 1, "127.0.0.106:7946")...)
 	a.waitLog(`is not counted as a member: it showed no certificate of this cluster.s CA`, 10*time.Second)
-	b := startProc(t, "127.0.0.108", args("127.0.0.108", ours.Node(t, "b"), 1, "127.0.0.106:7946")...)
+	b := startProc(t, "127.0.0.108", args("127.0.0.108", ours("b"), 1, "127.0.0.106:7946")...)
 	a.waitView("rank 1's owner, not the intruder, is the other member", 10*time.Second, func(v clusterView) bool {
 		return len(v.Nodes) == 2 && slices.ContainsFunc(v.Nodes, func(n struct {
 			Name string `json:"name"`
@@ -412,9 +430,9 @@ func TestMemberNeedsACertificateOfTheCA(t *testing.T) {
 // node waiting for ranks was counted on the gossip key alone, and its
 // claim took a rank.
 func TestJoiningNodeNeedsACertificateOfTheCA(t *testing.T) {
-	ours, theirs := cluster.NewTestCA(t, "cluster"), cluster.NewTestCA(t, "other")
+	ours, theirs := clusterCA(t), clusterCA(t)
 	key := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{'k'}, 32))
-	args := func(ip string, files cluster.TLSFiles, seeds ...string) []string {
+	args := func(ip string, files control.TLSFiles, seeds ...string) []string {
 		a := nodeArgs(ip, "--host", ip, "--port", "0", "--gossip-key", key,
 			"--cluster-tls-cert", files.Cert, "--cluster-tls-key", files.Key, "--cluster-tls-ca", files.CA,
 			"--data-parallel-size", "auto", "--data-parallel-size-local", "1")
@@ -423,14 +441,14 @@ func TestJoiningNodeNeedsACertificateOfTheCA(t *testing.T) {
 		}
 		return a
 	}
-	a := startProc(t, "127.0.0.109", args("127.0.0.109", ours.Node(t, "a"))...)
-	intruder := theirs.Node(t, "intruder")
-	intruder.CA = ours.Node(t, "unused").CA
+	a := startProc(t, "127.0.0.109", args("127.0.0.109", ours("a"))...)
+	intruder := theirs("intruder")
+	intruder.CA = ours("unused").CA
 	// It gives up soon; the real node waits as long as it must (its check
 	// by the first node can take a retry on a busy machine).
 	_, _ = launch(t, "127.0.0.110", append(args("127.0.0.110", intruder, "127.0.0.109:7946"), "--join-timeout", "5s")...)
 	a.waitLog(`is not counted as a member: it showed no certificate of this cluster.s CA`, 10*time.Second)
-	b := startProc(t, "127.0.0.111", args("127.0.0.111", ours.Node(t, "b"), "127.0.0.109:7946")...)
+	b := startProc(t, "127.0.0.111", args("127.0.0.111", ours("b"), "127.0.0.109:7946")...)
 	a.waitView("the real node holds rank 1", 20*time.Second, func(v clusterView) bool {
 		return v.Size == 2 && len(v.Nodes) == 2 && slices.ContainsFunc(v.Nodes, func(n struct {
 			Name string `json:"name"`

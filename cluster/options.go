@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dpnode/dpnode/actors"
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/llamacpp"
@@ -62,7 +63,7 @@ type Options struct {
 	// node: two live nodes with one ID would serve the same ranks.
 	NodeID string
 	// Resolver looks up the seeds' host names; nil is the system's.
-	Resolver Resolver
+	Resolver control.Resolver
 	// Bind is the gossip address (host:port); its host is also where the
 	// actor transport listens.
 	Bind string
@@ -74,7 +75,7 @@ type Options struct {
 	// GossipKey is the base64 gossip encryption key.
 	GossipKey     string
 	GossipProfile string
-	TLS           TLSFiles
+	TLS           control.TLSFiles
 	// InsecureCluster lets gossip and the actor transport listen beyond
 	// loopback without the gossip key and cluster TLS.
 	InsecureCluster bool
@@ -290,8 +291,8 @@ func (o Options) check() (*plan, error) {
 	// From here on, the address itself: every check below and every
 	// listener is on what the name resolved to.
 	o.Bind = bind
-	if err := o.TLS.check(); err != nil {
-		return nil, err
+	if err := o.TLS.Check(); err != nil {
+		return nil, flagError("%v", err)
 	}
 	if err := o.checkClusterSecurity(); err != nil {
 		return nil, err
@@ -596,7 +597,7 @@ func (o Options) checkClusterSecurity() error {
 	if o.GossipKey == "" {
 		missing = append(missing, "--gossip-key (or $DPNODE_GOSSIP_KEY)")
 	}
-	if !o.TLS.set() {
+	if !o.TLS.Set() {
 		missing = append(missing, "--cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca")
 	}
 	if len(missing) == 0 {
@@ -609,7 +610,7 @@ func (o Options) checkClusterSecurity() error {
 // bindsLoopback reports whether the cluster ports listen on this machine
 // only.
 func (o Options) bindsLoopback() bool {
-	host, _, _ := splitHostPort(o.Bind, 7946)
+	host, _, _ := control.SplitHostPort(o.Bind, 7946)
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
 }
@@ -619,8 +620,8 @@ func (o Options) bindsLoopback() bool {
 // it has, else its first. memberlist and gRPC take addresses, and a name
 // they cannot use as one would have them listen on every interface,
 // whatever the name says.
-func resolveBind(r Resolver, bind string) (string, error) {
-	host, port, err := splitHostPort(bind, 7946)
+func resolveBind(r control.Resolver, bind string) (string, error) {
+	host, port, err := control.SplitHostPort(bind, 7946)
 	if err != nil {
 		return "", err
 	}
@@ -630,7 +631,7 @@ func resolveBind(r Resolver, bind string) (string, error) {
 	if r == nil {
 		r = net.DefaultResolver
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), control.LookupTimeout)
 	defer cancel()
 	addrs, err := r.LookupHost(ctx, host)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/dpnode/dpnode/actors"
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	httpapi "github.com/dpnode/dpnode/http"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
@@ -24,7 +25,7 @@ import (
 // Running is a started node.
 type Running struct {
 	node       *actors.Node
-	membership *Membership
+	membership *control.Membership
 	// api, server and ln are nil on a headless node; server serves
 	// starting, which answers for api once the node runs.
 	api      *httpapi.Server

@@ -18,133 +18,18 @@ import (
 	"google.golang.org/grpc/status"
 
 	dpnode "github.com/dpnode/dpnode"
+	"github.com/dpnode/dpnode/control"
+	"github.com/dpnode/dpnode/control/controltest"
 )
 
-// testCA is a cluster CA in a test's temporary directory, made by the
-// code of dpnode certs.
-type testCA struct{ *CA }
-
-func newTestCA(t *testing.T, _ string) *testCA {
-	t.Helper()
-	ca, created, err := OpenCA(t.TempDir())
-	if err != nil || !created {
-		t.Fatalf("a new CA: %v (created %v)", err, created)
-	}
-	return &testCA{ca}
-}
-
-// NewTestCA is newTestCA for the multi-process tests.
-var NewTestCA = newTestCA
-
-// Node issues a certificate for a node and returns its TLS files.
-func (ca *testCA) Node(t *testing.T, name string) TLSFiles {
-	t.Helper()
-	f, err := ca.Issue(name)
-	if err != nil {
+// TestCertsGossipKeyIsAccepted: the gossip key dpnode certs writes
+// (control.OpenCA) is one --gossip-key takes.
+func TestCertsGossipKeyIsAccepted(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := control.OpenCA(dir); err != nil {
 		t.Fatal(err)
 	}
-	return f
-}
-
-// TestTLSRefusesAPeerFromAnotherCA does the handshakes of the transport's
-// credentials directly: a peer whose certificate another CA signed is
-// refused in both directions.
-func TestTLSRefusesAPeerFromAnotherCA(t *testing.T) {
-	ours, theirs := newTestCA(t, "ours"), newTestCA(t, "theirs")
-	cases := []struct {
-		name           string
-		server, client TLSFiles
-		ok             bool
-	}{
-		{"same CA", ours.Node(t, "s1"), ours.Node(t, "c1"), true},
-		{"client from another CA", ours.Node(t, "s2"), theirs.Node(t, "c2"), false},
-		{"server from another CA", theirs.Node(t, "s3"), ours.Node(t, "c3"), false},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			sc, err := tc.server.credentials()
-			if err != nil {
-				t.Fatal(err)
-			}
-			cc, err := tc.client.credentials()
-			if err != nil {
-				t.Fatal(err)
-			}
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			serverErr := make(chan error, 1)
-			go func() {
-				c1, err := ln.Accept()
-				if err != nil {
-					serverErr <- err
-					return
-				}
-				defer c1.Close()
-				_, _, err = sc.ServerHandshake(c1)
-				serverErr <- err
-			}()
-			c2, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c2.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_, _, clientErr := cc.ClientHandshake(ctx, "127.0.0.1:1", c2)
-			if clientErr != nil {
-				c2.Close()
-			}
-			sErr := <-serverErr
-			if ok := clientErr == nil && sErr == nil; ok != tc.ok {
-				t.Fatalf("handshake: client %v, server %v; want ok=%v", clientErr, sErr, tc.ok)
-			}
-		})
-	}
-}
-
-// TestCertsDirectory: dpnode certs' directory is made once and reused: the
-// CA, its key and the gossip key only its owner may read, one certificate
-// per node that the CA verifies, and no file overwritten.
-func TestCertsDirectory(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "certs")
-	ca, created, err := OpenCA(dir)
-	if err != nil || !created {
-		t.Fatalf("%v %v", err, created)
-	}
-	a, err := ca.Issue("node-a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, created, err := OpenCA(dir)
-	if err != nil || created {
-		t.Fatalf("reopening: %v, created %v", err, created)
-	}
-	b, err := again.Issue("node-b")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := again.Issue("node-a"); err == nil {
-		t.Fatal("a node's certificate was issued twice over its files")
-	}
-	if _, err := again.Issue("../escape"); err == nil {
-		t.Fatal("a node name with a path in it was accepted")
-	}
-	// Both certificates verify against the same CA: the nodes can talk.
-	for _, f := range []TLSFiles{a, b} {
-		if _, err := f.credentials(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, name := range []string{caKeyFile, GossipKeyFile, "node-a-key.pem"} {
-		st, err := os.Stat(filepath.Join(dir, name))
-		if err != nil || st.Mode().Perm() != 0o600 {
-			t.Fatalf("%s: %v %v; want mode 0600", name, err, st)
-		}
-	}
-	key, err := os.ReadFile(filepath.Join(dir, GossipKeyFile))
+	key, err := os.ReadFile(filepath.Join(dir, control.GossipKeyFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,31 +49,31 @@ func TestClusterPortsOffLoopbackNeedKeyAndTLS(t *testing.T) {
 	if b := DefaultOptions().Bind; !strings.HasPrefix(b, "127.0.0.1:") {
 		t.Fatalf("the default --bind is %s, not loopback", b)
 	}
-	tlsFiles := TLSFiles{Cert: "n.pem", Key: "n-key.pem", CA: "ca.pem"}
+	tlsFiles := control.TLSFiles{Cert: "n.pem", Key: "n-key.pem", CA: "ca.pem"}
 	key := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
 	cases := []struct {
 		name     string
 		bind     string
 		key      string
-		tls      TLSFiles
+		tls      control.TLSFiles
 		insecure bool
 		refused  bool
 	}{
-		{"loopback, nothing", "127.0.0.1:7946", "", TLSFiles{}, false, false},
-		{"another loopback address", "127.0.0.9:7946", "", TLSFiles{}, false, false},
-		{"all interfaces, nothing", "0.0.0.0:7946", "", TLSFiles{}, false, true},
-		{"a LAN address, key only", "10.0.0.1:7946", key, TLSFiles{}, false, true},
+		{"loopback, nothing", "127.0.0.1:7946", "", control.TLSFiles{}, false, false},
+		{"another loopback address", "127.0.0.9:7946", "", control.TLSFiles{}, false, false},
+		{"all interfaces, nothing", "0.0.0.0:7946", "", control.TLSFiles{}, false, true},
+		{"a LAN address, key only", "10.0.0.1:7946", key, control.TLSFiles{}, false, true},
 		{"a LAN address, TLS only", "10.0.0.1:7946", "", tlsFiles, false, true},
 		{"a LAN address, key and TLS", "10.0.0.1:7946", key, tlsFiles, false, false},
-		{"all interfaces, insecure", "0.0.0.0:7946", "", TLSFiles{}, true, false},
+		{"all interfaces, insecure", "0.0.0.0:7946", "", control.TLSFiles{}, true, false},
 		// A name is checked for what it resolves to: memberlist cannot
 		// listen on a name, and listened on every interface for one.
-		{"a name of loopback", "localhost:7946", "", TLSFiles{}, false, false},
-		{"a name of a LAN address, nothing", "node-a.lan:7946", "", TLSFiles{}, false, true},
+		{"a name of loopback", "localhost:7946", "", control.TLSFiles{}, false, false},
+		{"a name of a LAN address, nothing", "node-a.lan:7946", "", control.TLSFiles{}, false, true},
 		{"a name of a LAN address, key and TLS", "node-a.lan:7946", key, tlsFiles, false, false},
-		{"IPv6 loopback", "[::1]:7946", "", TLSFiles{}, false, false},
+		{"IPv6 loopback", "[::1]:7946", "", control.TLSFiles{}, false, false},
 	}
-	dns := &fakeDNS{names: map[string][]string{"localhost": {"::1", "127.0.0.1"}, "node-a.lan": {"10.0.0.7"}}}
+	dns := &controltest.DNS{Names: map[string][]string{"localhost": {"::1", "127.0.0.1"}, "node-a.lan": {"10.0.0.7"}}}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			o := DefaultOptions()
@@ -209,7 +94,7 @@ func TestClusterPortsOffLoopbackNeedKeyAndTLS(t *testing.T) {
 // --bind name resolves to, its first IPv4 one, and an IPv6 address works
 // with its brackets.
 func TestBindNamesAreResolved(t *testing.T) {
-	dns := &fakeDNS{names: map[string][]string{"localhost": {"::1", "127.0.0.1"}, "v6only": {"fe80::1", "::1"}}}
+	dns := &controltest.DNS{Names: map[string][]string{"localhost": {"::1", "127.0.0.1"}, "v6only": {"fe80::1", "::1"}}}
 	for bind, want := range map[string]string{
 		"localhost:7946": "127.0.0.1:7946",
 		"localhost":      "127.0.0.1:7946",
@@ -238,12 +123,13 @@ func TestBindNamesAreResolved(t *testing.T) {
 			}
 			t.Fatalf("--bind %s: %v", bind, err)
 		}
-		addr := run.membership.list.LocalNode().Addr
+		gossip := run.membership.Address()
 		if err := run.Shutdown(); err != nil {
 			t.Fatal(err)
 		}
-		if !addr.IsLoopback() {
-			t.Fatalf("--bind %s: gossip listens on %v, not loopback", bind, addr)
+		host, _, err := net.SplitHostPort(gossip)
+		if ip := net.ParseIP(host); err != nil || !ip.IsLoopback() {
+			t.Fatalf("--bind %s: gossip listens on %s, not loopback", bind, gossip)
 		}
 	}
 }

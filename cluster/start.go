@@ -73,7 +73,7 @@ type startup struct {
 	undo     cleanups
 	httpAddr string
 	cfg      actors.NodeConfig
-	mcfg     MembershipConfig
+	mcfg     control.MembershipConfig
 	eng      *nodeEngine
 	reg      *prometheus.Registry
 }
@@ -101,7 +101,7 @@ func prepare(o Options) (*startup, error) {
 			return nil, err
 		}
 	}
-	s.bindHost, _, _ = splitHostPort(o.Bind, 7946)
+	s.bindHost, _, _ = control.SplitHostPort(o.Bind, 7946)
 	if s.advHost, err = advertiseHost(s.bindHost, o.Advertise); err != nil {
 		return nil, err
 	}
@@ -114,7 +114,7 @@ func prepare(o Options) (*startup, error) {
 	if s.transport, err = transportConfig(s.bindHost, s.advHost, o.RPCPort, o.TLS, s.secret); err != nil {
 		return nil, err
 	}
-	if !o.TLS.set() && !o.bindsLoopback() {
+	if !o.TLS.Set() && !o.bindsLoopback() {
 		o.Logger.Warn("actor traffic between nodes is plaintext and unauthenticated (--insecure-cluster); set --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca (dpnode certs writes them)")
 	}
 	if s.o.Hostname == "" {
@@ -178,7 +178,7 @@ func (s *startup) join(ctx context.Context) error {
 	cfg.Topology = s.topo
 	cfg.ExpertParallel = o.ExpertParallel
 	cfg.Engine, cfg.Profile = o.Engine, p.servingProfile()
-	s.mcfg = MembershipConfig{
+	s.mcfg = control.MembershipConfig{
 		Name:      cfg.Name,
 		Bind:      o.Bind,
 		Advertise: o.Advertise,
@@ -193,9 +193,9 @@ func (s *startup) join(ctx context.Context) error {
 		SendClaim:   r.node.SendClaim,
 		Logger:      o.Logger,
 	}
-	if o.TLS.set() {
+	if o.TLS.Set() {
 		var err error
-		s.mcfg.VerifyPeer, err = o.TLS.verifier(r.node.Identify)
+		s.mcfg.VerifyPeer, err = o.TLS.Verifier(r.node.Identify)
 		if err == nil {
 			s.mcfg.Seal, err = o.TLS.GossipSeal()
 		}
@@ -213,7 +213,7 @@ func (s *startup) join(ctx context.Context) error {
 	s.mcfg.Meta = cfg.PendingMeta()
 	s.mcfg.Meta.JoiningActorAddress = r.node.Address()
 	var err error
-	if r.membership, err = StartMembership(ctx, s.mcfg); err != nil {
+	if r.membership, err = control.StartMembership(ctx, s.mcfg); err != nil {
 		return err
 	}
 	s.undo.push(func() { r.membership.Leave(time.Second) })
@@ -290,7 +290,7 @@ func (s *startup) serve(ctx context.Context) error {
 	if r.membership == nil {
 		s.mcfg.Name, s.mcfg.Meta = s.cfg.Name, r.node.Meta()
 		var err error
-		if r.membership, err = StartMembership(ctx, s.mcfg); err != nil {
+		if r.membership, err = control.StartMembership(ctx, s.mcfg); err != nil {
 			return err
 		}
 		s.undo.push(func() { r.membership.Leave(time.Second) })

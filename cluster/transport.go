@@ -1,137 +1,19 @@
 package cluster
 
 import (
-	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"time"
 
 	"github.com/asynkron/protoactor-go/remote"
 	"github.com/hashicorp/go-sockaddr"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+
+	"github.com/dpnode/dpnode/control"
 )
-
-// TLSFiles are the PEM files of the actor transport's mutual TLS.
-type TLSFiles struct {
-	Cert, Key, CA string
-}
-
-func (f TLSFiles) set() bool { return f.Cert != "" || f.Key != "" || f.CA != "" }
-
-func (f TLSFiles) check() error {
-	if f.set() && (f.Cert == "" || f.Key == "" || f.CA == "") {
-		return flagError("--cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca go together: set all three or none")
-	}
-	return nil
-}
-
-// credentials builds mutual TLS for the actor transport: every node shows
-// a certificate signed by the cluster's CA and accepts only peers that do.
-// Peers are dialled by IP address, so what is checked is the signature, not
-// a host name: a certificate from the cluster CA is what makes a member.
-func (f TLSFiles) credentials() (credentials.TransportCredentials, error) {
-	cfg, err := f.config()
-	if err != nil {
-		return nil, err
-	}
-	return credentials.NewTLS(cfg), nil
-}
-
-// verifier returns what checks the actor transport a peer gossips: a TLS
-// handshake in which it shows a certificate of the cluster's CA, as every
-// call between nodes does, and then identify (actors.Node.Identify) over
-// the transport, which must answer with the peer's name. The handshake
-// alone proves only that some node of the cluster listens there: a peer
-// could gossip another node's address.
-func (f TLSFiles) verifier(identify func(ctx context.Context, address string) (string, error)) (func(ctx context.Context, name, address string) error, error) {
-	cfg, err := f.config()
-	if err != nil {
-		return nil, err
-	}
-	return func(ctx context.Context, name, address string) error {
-		d := tls.Dialer{Config: cfg}
-		conn, err := d.DialContext(ctx, "tcp", address)
-		if err != nil {
-			return fmt.Errorf("it showed no certificate of this cluster's CA at %s (%w)", address, err)
-		}
-		conn.Close()
-		got, err := identify(ctx, address)
-		switch {
-		case err != nil:
-			return fmt.Errorf("the node at %s did not say who it is (%w)", address, err)
-		case got != name:
-			return fmt.Errorf("the actor address it gossips, %s, is the node %s's", address, got)
-		}
-		return nil
-	}, nil
-}
-
-// config is the TLS of both ends of the actor transport.
-func (f TLSFiles) config() (*tls.Config, error) {
-	pair, verify, err := f.load()
-	if err != nil {
-		return nil, err
-	}
-	cfg := &tls.Config{
-		Certificates: []tls.Certificate{pair},
-		MinVersion:   tls.VersionTLS13,
-		// Both sides check the other's chain in VerifyPeerCertificate;
-		// the standard check would also want the dialled IP in the
-		// certificate.
-		InsecureSkipVerify: true,
-		ClientAuth:         tls.RequireAnyClientCert,
-		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-			_, err := verify(raw)
-			return err
-		},
-	}
-	return cfg, nil
-}
-
-// load reads this node's key pair and the CA, and returns the check of a
-// peer's chain (leaf first, DER) against the CA, which gives the leaf.
-func (f TLSFiles) load() (tls.Certificate, func(raw [][]byte) (*x509.Certificate, error), error) {
-	pair, err := tls.LoadX509KeyPair(f.Cert, f.Key)
-	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("cluster: --cluster-tls-cert/--cluster-tls-key: %w", err)
-	}
-	caPEM, err := os.ReadFile(f.CA)
-	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("cluster: --cluster-tls-ca: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return tls.Certificate{}, nil, fmt.Errorf("cluster: --cluster-tls-ca %s holds no PEM certificate", f.CA)
-	}
-	verify := func(raw [][]byte) (*x509.Certificate, error) {
-		if len(raw) == 0 {
-			return nil, errors.New("cluster: the peer showed no certificate")
-		}
-		certs := make([]*x509.Certificate, len(raw))
-		for i, r := range raw {
-			c, err := x509.ParseCertificate(r)
-			if err != nil {
-				return nil, err
-			}
-			certs[i] = c
-		}
-		inter := x509.NewCertPool()
-		for _, c := range certs[1:] {
-			inter.AddCert(c)
-		}
-		_, err := certs[0].Verify(x509.VerifyOptions{Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
-		return certs[0], err
-	}
-	return pair, verify, nil
-}
 
 // dialTimeout bounds one attempt to connect to a peer's actor transport.
 const dialTimeout = 2 * time.Second
@@ -139,7 +21,7 @@ const dialTimeout = 2 * time.Second
 // transportConfig sets up the actor transport on bindHost:port, reachable
 // by other nodes at advertiseHost.
 // With a secret, every call must carry it (secret.go).
-func transportConfig(bindHost, advertiseHost string, port int, tlsFiles TLSFiles, secret []byte) (*remote.Config, error) {
+func transportConfig(bindHost, advertiseHost string, port int, tlsFiles control.TLSFiles, secret []byte) (*remote.Config, error) {
 	if port == 0 {
 		// remote advertises a fixed address, so choose the port now.
 		ln, err := net.Listen("tcp", net.JoinHostPort(bindHost, "0"))
@@ -158,8 +40,8 @@ func transportConfig(bindHost, advertiseHost string, port int, tlsFiles TLSFiles
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveTime / 2, PermitWithoutStream: true}),
 	}
-	if tlsFiles.set() {
-		c, err := tlsFiles.credentials()
+	if tlsFiles.Set() {
+		c, err := tlsFiles.Credentials()
 		if err != nil {
 			return nil, err
 		}
@@ -206,7 +88,7 @@ const (
 // machine's private IP (as memberlist would choose).
 func advertiseHost(bindHost, advertise string) (string, error) {
 	if advertise != "" {
-		h, _, err := splitHostPort(advertise, 0)
+		h, _, err := control.SplitHostPort(advertise, 0)
 		return h, err
 	}
 	if ip := net.ParseIP(bindHost); ip != nil && !ip.IsUnspecified() {

@@ -1,7 +1,18 @@
-// Package control is the control plane's pure logic: who leads the
-// cluster, and which node holds which ranks. Nothing here starts a
-// goroutine, reads a clock or touches a socket; the gossip that carries it
-// lives in cluster/, and the node actor that acts on it in actors/.
+// Package control is the control plane: who leads the cluster, which node
+// holds which ranks, and the gossip and TLS that carry and guard it. The
+// node actor that acts on it lives in actors/, which this package does
+// not import.
+//
+// The files. election.go and roster.go are pure logic: nothing there
+// starts a goroutine, reads a clock or touches a socket. gossip.go is a
+// node's membership (hashicorp/memberlist): its start and join (seeds,
+// backoff, the founder), claims and releases of ranks, and rosters on the
+// wire. delegate.go is what memberlist calls: which peers it admits
+// (conflicts, mismatches, their certificate's check), the rosters and
+// refusals it takes, the membership events it hands on. tls.go is cluster
+// TLS (TLSFiles): the actor transport's mutual TLS and the check of a
+// peer's certificate; seal.go signs and checks what nodes gossip under it
+// (Seal); ca.go is the CA that dpnode certs writes.
 //
 // Two words are kept apart. The leader is the node that decides the
 // roster. The coordinator is vLLM's DP coordinator: the actor that gathers

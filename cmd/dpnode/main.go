@@ -19,6 +19,7 @@ import (
 
 	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/cluster"
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine/llamacpp"
 )
@@ -69,7 +70,7 @@ readable by their owner only; copy each node its own files, the CA
 certificate and the gossip key.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, nodes []string) error {
-			ca, created, err := cluster.OpenCA(dir)
+			ca, created, err := control.OpenCA(dir)
 			if err != nil {
 				return fmt.Errorf("the CA in %s: %w", dir, err)
 			}
@@ -84,7 +85,7 @@ certificate and the gossip key.`,
 				}
 				fmt.Fprintf(out, "%s: --cluster-tls-cert %s --cluster-tls-key %s --cluster-tls-ca %s\n", name, f.Cert, f.Key, f.CA)
 			}
-			fmt.Fprintf(out, "every node: DPNODE_GOSSIP_KEY=$(cat %s)\n", filepath.Join(dir, cluster.GossipKeyFile))
+			fmt.Fprintf(out, "every node: DPNODE_GOSSIP_KEY=$(cat %s)\n", filepath.Join(dir, control.GossipKeyFile))
 			return nil
 		},
 	}

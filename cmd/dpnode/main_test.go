@@ -20,6 +20,7 @@ import (
 
 	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/cluster"
+	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/sim"
 )
@@ -256,7 +257,7 @@ func TestCertsThenAClusterOffLoopbackMayStart(t *testing.T) {
 	}
 	o := cluster.DefaultOptions()
 	o.Bind, o.GossipKey = "0.0.0.0:7946", strings.TrimSpace(string(key))
-	o.TLS = cluster.TLSFiles{Cert: filepath.Join(dir, "node-c.pem"), Key: filepath.Join(dir, "node-c-key.pem"), CA: filepath.Join(dir, "ca.pem")}
+	o.TLS = control.TLSFiles{Cert: filepath.Join(dir, "node-c.pem"), Key: filepath.Join(dir, "node-c-key.pem"), CA: filepath.Join(dir, "ca.pem")}
 	o.Profiles = dpnode.SimProfiles
 	if err := cluster.CheckOptions(o); err != nil {
 		t.Fatalf("a node with the files dpnode certs wrote: %v", err)

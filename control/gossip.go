@@ -1,8 +1,7 @@
-package cluster
+package control
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,14 +12,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
@@ -55,14 +51,14 @@ type MembershipConfig struct {
 	Meta *dpnodev1.NodeMeta
 	// OnEvent receives membership changes. It runs on memberlist's
 	// goroutines and must not block.
-	OnEvent func(*control.MemberEvent)
+	OnEvent func(*MemberEvent)
 	// OnConflict is told when an older node turns out to host one of this
 	// node's ranks after the join (two nodes joined at once): this node
 	// must go.
 	OnConflict func(error)
-	// Roster is the roster the node starts with: control.Roster{Fixed: size},
+	// Roster is the roster the node starts with: Roster{Fixed: size},
 	// or an empty elastic one; gossip brings newer ones.
-	Roster control.Roster
+	Roster Roster
 	// VerifyPeer, when set, checks the actor transport at the actor
 	// address a peer gossips (its actor_address, or while it waits for
 	// its ranks its joining_actor_address): a certificate of the
@@ -87,10 +83,10 @@ type MembershipConfig struct {
 // a conflict that ends it, rosters, and (on the leader)
 // claims for ranks. actors.Node is one.
 type Handler interface {
-	MemberEvent(*control.MemberEvent)
+	MemberEvent(*MemberEvent)
 	Fail(error)
-	SetRoster(control.Roster)
-	ClaimRanks(c control.Claim, release bool)
+	SetRoster(Roster)
+	ClaimRanks(c Claim, release bool)
 }
 
 // Membership is a node's view of the cluster, kept by gossip.
@@ -98,17 +94,6 @@ type Membership struct {
 	list *memberlist.Memberlist
 	d    *delegate
 }
-
-// rosterBroadcast is a roster on its way through gossip; a newer one
-// replaces it in the queue.
-type rosterBroadcast []byte
-
-func (b rosterBroadcast) Invalidates(other memberlist.Broadcast) bool {
-	_, ok := other.(rosterBroadcast)
-	return ok
-}
-func (b rosterBroadcast) Message() []byte { return b }
-func (b rosterBroadcast) Finished()       {}
 
 // StartMembership creates the node's gossip endpoint and joins the seeds.
 // A node whose ranks another node already hosts is refused here, with an
@@ -138,13 +123,13 @@ func StartMembership(ctx context.Context, cfg MembershipConfig) (*Membership, er
 		return nil, fmt.Errorf("cluster: --gossip-profile must be lan or local, got %q", cfg.Profile)
 	}
 	detectFailures(mc)
-	host, port, err := splitHostPort(cfg.Bind, 7946)
+	host, port, err := SplitHostPort(cfg.Bind, 7946)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: --bind: %w", err)
 	}
 	mc.Name, mc.BindAddr, mc.BindPort = cfg.Name, host, port
 	if cfg.Advertise != "" {
-		ahost, aport, err := splitHostPort(cfg.Advertise, port)
+		ahost, aport, err := SplitHostPort(cfg.Advertise, port)
 		if err != nil {
 			return nil, fmt.Errorf("cluster: --advertise: %w", err)
 		}
@@ -184,8 +169,10 @@ type Resolver interface {
 const (
 	joinBackoffFirst = 250 * time.Millisecond
 	joinBackoffMax   = 5 * time.Second
-	lookupTimeout    = 5 * time.Second
 )
+
+// LookupTimeout bounds one lookup of a host name: a seed's, or --bind's.
+const LookupTimeout = 5 * time.Second
 
 // join joins the seeds, resolving them afresh on each try: a headless
 // Service's name gains addresses as pods start. The founder starts the
@@ -247,7 +234,7 @@ func seedAddresses(r Resolver, seeds []string, defaultPort int, self string) ([]
 	var addrs []string
 	var errs []error
 	for _, seed := range seeds {
-		host, port, err := splitHostPort(seed, defaultPort)
+		host, port, err := SplitHostPort(seed, defaultPort)
 		if ip := net.ParseIP(strings.Trim(seed, "[]")); ip != nil {
 			// An address with no port; IPv6 in brackets or not.
 			host, port, err = ip.String(), defaultPort, nil
@@ -258,7 +245,7 @@ func seedAddresses(r Resolver, seeds []string, defaultPort int, self string) ([]
 		}
 		ips := []string{host}
 		if net.ParseIP(host) == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), lookupTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), LookupTimeout)
 			ips, err = r.LookupHost(ctx, host)
 			cancel()
 			if err != nil {
@@ -334,7 +321,7 @@ func (m *Membership) Attach(h Handler) {
 }
 
 // Roster is the newest roster this node has heard of.
-func (m *Membership) Roster() control.Roster {
+func (m *Membership) Roster() Roster {
 	m.d.mu.Lock()
 	defer m.d.mu.Unlock()
 	return m.d.roster
@@ -345,7 +332,7 @@ func (m *Membership) Roster() control.Roster {
 // by gossip and to every member over TCP, since gossip carries a message
 // only within a UDP packet, and a roster of a few dozen nodes outgrows
 // one; the roster a claimant has not heard of yet, to it.
-func (m *Membership) Publish(r control.Roster, claimant string) {
+func (m *Membership) Publish(r Roster, claimant string) {
 	if m.d.adopt(r, nil) {
 		m.sendAll(m.d.rosterMessage())
 		return
@@ -421,14 +408,14 @@ var ErrNoLeader = errors.New("no leader answered: the oldest node leads once the
 
 // serving lists the members that serve ranks they were not given by a
 // roster (their flags named them): ranks a founder must not take.
-func (m *Membership) serving() []control.Member {
-	var busy []control.Member
+func (m *Membership) serving() []Member {
+	var busy []Member
 	for _, n := range m.list.Members() {
 		var meta dpnodev1.NodeMeta
 		if n.Name == m.d.cfg.Name || proto.Unmarshal(n.Meta, &meta) != nil || meta.ActorAddress == "" || meta.LocalSize == 0 {
 			continue
 		}
-		busy = append(busy, control.Member{Name: n.Name, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)})
+		busy = append(busy, Member{Name: n.Name, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)})
 	}
 	return busy
 }
@@ -440,10 +427,10 @@ const claimEvery = time.Second
 // roster that gives them, or for its refusal. A node that starts a new
 // cluster (founder) has no leader to ask: it writes the first roster
 // itself.
-func (m *Membership) Claim(ctx context.Context, c control.Claim, founder bool) (control.Hold, error) {
+func (m *Membership) Claim(ctx context.Context, c Claim, founder bool) (Hold, error) {
 	c.Node = m.Key()
 	return m.untilRoster(ctx, &dpnodev1.RankClaim{Node: c.Node, StartRank: int32(c.Start), Count: uint32(c.Count), Experts: uint32(c.Experts)},
-		func(r control.Roster) (control.Hold, bool, error) {
+		func(r Roster) (Hold, bool, error) {
 			if h, ok := r.Holding(c.Node); ok && h.Count == c.Count && (c.Start < 0 || h.Start == c.Start) {
 				return h, true, nil
 			}
@@ -452,30 +439,30 @@ func (m *Membership) Claim(ctx context.Context, c control.Claim, founder bool) (
 				// deployment's from the start.
 				next, _, err := r.Assign(c, m.serving(), uint64(m.d.cfg.Meta.BootUnixNano))
 				if err != nil {
-					return control.Hold{}, false, err
+					return Hold{}, false, err
 				}
 				next, _ = next.Commit(c.Node, next.Epoch)
 				next.Version = 1
 				m.d.cfg.Logger.Info("no roster yet: this node founds the deployment", "ranks", next.Holds[0].String())
 				m.d.adopt(next, nil)
 			}
-			return control.Hold{}, false, nil
+			return Hold{}, false, nil
 		})
 }
 
 // Release gives this node's ranks back as it leaves, and waits for the
 // roster without them.
 func (m *Membership) Release(ctx context.Context) error {
-	_, err := m.untilRoster(ctx, &dpnodev1.RankClaim{Node: m.Key(), Release: true}, func(r control.Roster) (control.Hold, bool, error) {
+	_, err := m.untilRoster(ctx, &dpnodev1.RankClaim{Node: m.Key(), Release: true}, func(r Roster) (Hold, bool, error) {
 		_, held := r.Holding(m.Key())
-		return control.Hold{}, !held, nil
+		return Hold{}, !held, nil
 	})
 	return err
 }
 
 // untilRoster sends claim to every member (the leader is the
 // one that acts) until done says the roster answered it.
-func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim, done func(control.Roster) (control.Hold, bool, error)) (control.Hold, error) {
+func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim, done func(Roster) (Hold, bool, error)) (Hold, error) {
 	d := m.d
 	d.mu.Lock()
 	d.claimRefusal = nil
@@ -486,7 +473,7 @@ func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim,
 		r, refusal, changed, onClaim := d.roster, d.claimRefusal, d.changed, d.onClaim
 		d.mu.Unlock()
 		if refusal != nil {
-			return control.Hold{}, refusal
+			return Hold{}, refusal
 		}
 		h, ok, err := done(r)
 		if err != nil || ok {
@@ -498,7 +485,7 @@ func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim,
 		if now := time.Now(); now.After(next) {
 			next = now.Add(claimEvery)
 			if onClaim != nil {
-				onClaim(control.Claim{Node: claim.Node, Start: int(claim.StartRank), Count: int(claim.Count), Experts: int(claim.Experts)}, claim.Release)
+				onClaim(Claim{Node: claim.Node, Start: int(claim.StartRank), Count: int(claim.Count), Experts: int(claim.Experts)}, claim.Release)
 			}
 			m.sendClaim(claim)
 		}
@@ -508,7 +495,7 @@ func (m *Membership) untilRoster(ctx context.Context, claim *dpnodev1.RankClaim,
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return control.Hold{}, fmt.Errorf("%w (%v)", ErrNoLeader, ctx.Err())
+			return Hold{}, fmt.Errorf("%w (%v)", ErrNoLeader, ctx.Err())
 		}
 		t.Stop()
 	}
@@ -524,7 +511,7 @@ func mustMarshal(msg proto.Message) []byte {
 
 // encodeRoster is the gossip message of a roster this node decided:
 // signed with seal, when there is one.
-func encodeRoster(r control.Roster, seal Seal) ([]byte, error) {
+func encodeRoster(r Roster, seal Seal) ([]byte, error) {
 	pr := &dpnodev1.Roster{Version: r.Version, Epoch: r.Epoch, FixedSize: uint32(r.Fixed)}
 	for _, h := range r.Holds {
 		pr.Holds = append(pr.Holds, &dpnodev1.RankHold{Node: h.Node, StartRank: uint32(h.Start), Count: uint32(h.Count)})
@@ -541,14 +528,14 @@ func encodeRoster(r control.Roster, seal Seal) ([]byte, error) {
 
 // decodeRoster reads a gossiped roster, refusing one whose holds overlap
 // or run past dp.MaxRanks: a node acts on every rank of it.
-func decodeRoster(pr *dpnodev1.Roster) (control.Roster, error) {
-	r := control.Roster{Version: pr.Version, Epoch: pr.Epoch, Fixed: int(pr.FixedSize)}
+func decodeRoster(pr *dpnodev1.Roster) (Roster, error) {
+	r := Roster{Version: pr.Version, Epoch: pr.Epoch, Fixed: int(pr.FixedSize)}
 	end := 0
 	for _, h := range pr.Holds {
 		if h.StartRank < uint32(end) || uint64(h.StartRank)+uint64(h.Count) > dp.MaxRanks || h.Count == 0 {
-			return control.Roster{}, fmt.Errorf("cluster: a gossiped roster holds bad ranks (%s: %d ranks from %d)", h.Node, h.Count, h.StartRank)
+			return Roster{}, fmt.Errorf("cluster: a gossiped roster holds bad ranks (%s: %d ranks from %d)", h.Node, h.Count, h.StartRank)
 		}
-		r.Holds = append(r.Holds, control.Hold{Node: h.Node, Start: int(h.StartRank), Count: int(h.Count)})
+		r.Holds = append(r.Holds, Hold{Node: h.Node, Start: int(h.StartRank), Count: int(h.Count)})
 		end = int(h.StartRank + h.Count)
 	}
 	return r, nil
@@ -560,468 +547,6 @@ func (m *Membership) Leave(timeout time.Duration) {
 	_ = m.list.Leave(timeout)
 	_ = m.list.Shutdown()
 }
-
-// delegate is memberlist's view of this node. Its callbacks run on
-// memberlist's goroutines: they decide from immutable data and hand
-// events on without blocking.
-type delegate struct {
-	cfg MembershipConfig
-	// selfAddr is this node's gossip address, known once memberlist runs,
-	// which is when peers may already be joining it.
-	selfAddr atomic.Pointer[string]
-	// joining is true while this node's own Join runs.
-	joining atomic.Bool
-	// gossipClaims is set once a claim came by gossip (and was ignored).
-	gossipClaims atomic.Bool
-	// ignoredWarned is when a message was last ignored with a warning,
-	// in Unix nanoseconds.
-	ignoredWarned atomic.Int64
-	queue         *memberlist.TransmitLimitedQueue
-
-	mu      sync.Mutex
-	list    *memberlist.Memberlist
-	self    control.Member
-	refusal error
-	meta    []byte
-	// roster is the newest heard of; changed is closed and replaced when
-	// it changes, or a claim of this node's is refused (claimRefusal).
-	roster control.Roster
-	// rosterMsg is roster's gossip message, as it came or was signed.
-	rosterMsg    []byte
-	changed      chan struct{}
-	claimRefusal error
-	// The running node's handlers; events before it attached are kept in
-	// pending.
-	onEvent    func(*control.MemberEvent)
-	onConflict func(error)
-	onRoster   func(control.Roster)
-	onClaim    func(control.Claim, bool)
-	pending    []*control.MemberEvent
-	// verified holds the peers' checks (verify).
-	verified map[string]verified
-}
-
-// newDelegate makes the delegate of a node whose encoded metadata is
-// meta; retransmit is memberlist's RetransmitMult.
-func newDelegate(cfg MembershipConfig, meta []byte, retransmit int) *delegate {
-	d := &delegate{cfg: cfg, meta: meta, self: control.Member{Name: cfg.Name, Boot: cfg.Meta.BootUnixNano,
-		StartRank: int(cfg.Meta.StartRank), LocalSize: int(cfg.Meta.LocalSize)},
-		roster: cfg.Roster, changed: make(chan struct{}), onEvent: cfg.OnEvent, onConflict: cfg.OnConflict}
-	if d.roster.Elastic() && d.roster.Version == 0 && cfg.Meta.DataParallelSize > 0 {
-		d.roster.Fixed = int(cfg.Meta.DataParallelSize)
-	}
-	d.queue = &memberlist.TransmitLimitedQueue{RetransmitMult: retransmit, NumNodes: d.numNodes}
-	return d
-}
-
-func (d *delegate) numNodes() int {
-	d.mu.Lock()
-	l := d.list
-	d.mu.Unlock()
-	if l == nil {
-		return 1
-	}
-	return l.NumMembers()
-}
-
-func (d *delegate) currentRoster() control.Roster {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.roster
-}
-
-// adopt keeps r when it is newer than the roster held, gossips it on and
-// hands it to the node; it says whether it did. msg is the gossip message
-// r came in, passed on as it is (its signer's signature with it); nil for
-// a roster this node decided, which it encodes and signs. A roster of
-// another kind (a fixed size where this node's is elastic) is not this
-// cluster's.
-func (d *delegate) adopt(r control.Roster, msg []byte) bool {
-	if msg == nil {
-		// Signed only when it will be kept: a leader publishes
-		// its roster again for every claimant that has not heard of it.
-		if cur := d.currentRoster(); r.Fixed != cur.Fixed || !r.Newer(cur) {
-			return false
-		}
-		var err error
-		if msg, err = encodeRoster(r, d.cfg.Seal); err != nil {
-			d.cfg.Logger.Error("cannot spread a roster this node decided", "error", err)
-			return false
-		}
-	}
-	d.mu.Lock()
-	if r.Fixed != d.roster.Fixed || !r.Newer(d.roster) {
-		d.mu.Unlock()
-		return false
-	}
-	d.roster, d.rosterMsg = r, msg
-	close(d.changed)
-	d.changed = make(chan struct{})
-	onRoster := d.onRoster
-	d.mu.Unlock()
-	d.queue.QueueBroadcast(rosterBroadcast(msg))
-	if onRoster != nil {
-		onRoster(r)
-	}
-	return true
-}
-
-// receive acts on a gossip message: a roster is adopted when newer, a
-// refusal of this node's claim ends the wait for ranks.
-func (d *delegate) receive(b []byte) {
-	var msg dpnodev1.GossipMessage
-	if err := proto.Unmarshal(b, &msg); err != nil {
-		d.cfg.Logger.Warn("ignoring an unreadable gossip message", "error", err)
-		return
-	}
-	switch body := msg.Body.(type) {
-	case *dpnodev1.GossipMessage_Roster:
-		if d.cfg.Seal != nil {
-			d.warnIgnored(errors.New("cluster: an unsigned roster, under cluster TLS"))
-			return
-		}
-		d.takeRoster(body.Roster, b)
-	case *dpnodev1.GossipMessage_SignedRoster:
-		var pr dpnodev1.Roster
-		if err := d.open(body.SignedRoster, &pr); err != nil {
-			d.warnIgnored(err)
-			return
-		}
-		d.takeRoster(&pr, b)
-	case *dpnodev1.GossipMessage_Claim:
-		// Anyone with the gossip key could send one, naming any node:
-		// claims come over the actor transport only.
-		if d.gossipClaims.CompareAndSwap(false, true) {
-			d.cfg.Logger.Warn("ignoring a claim for ranks sent by gossip: claims come over the actor transport, from a node of this version or newer", "node", body.Claim.Node)
-		}
-	case *dpnodev1.GossipMessage_Refused:
-		if d.cfg.Seal != nil {
-			d.warnIgnored(errors.New("cluster: an unsigned refusal of a claim, under cluster TLS"))
-			return
-		}
-		d.takeRefusal(body.Refused)
-	case *dpnodev1.GossipMessage_SignedRefused:
-		var cr dpnodev1.ClaimRefused
-		if err := d.open(body.SignedRefused, &cr); err != nil {
-			d.warnIgnored(err)
-			return
-		}
-		d.takeRefusal(&cr)
-	}
-}
-
-// open checks a signed message (under cluster TLS) and reads its body
-// into m.
-func (d *delegate) open(s *dpnodev1.Signed, m proto.Message) error {
-	if d.cfg.Seal != nil {
-		if err := d.cfg.Seal.Check(s); err != nil {
-			return err
-		}
-	}
-	return proto.Unmarshal(s.Body, m)
-}
-
-// takeRoster adopts a roster that came in msg, when it is newer.
-func (d *delegate) takeRoster(pr *dpnodev1.Roster, msg []byte) {
-	r, err := decodeRoster(pr)
-	if err != nil {
-		d.warnIgnored(err)
-		return
-	}
-	d.adopt(r, msg)
-}
-
-// takeRefusal ends this node's wait for ranks, when the refusal is of its
-// claim.
-func (d *delegate) takeRefusal(cr *dpnodev1.ClaimRefused) {
-	if cr.Node != d.key() {
-		return
-	}
-	d.mu.Lock()
-	d.claimRefusal = fmt.Errorf("cluster: the leader refused this node's ranks: %s", cr.Reason)
-	close(d.changed)
-	d.changed = make(chan struct{})
-	d.mu.Unlock()
-}
-
-func (d *delegate) refused() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.refusal
-}
-
-// NodeMeta implements memberlist.Delegate.
-func (d *delegate) NodeMeta(int) []byte {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.meta
-}
-
-// NotifyMsg implements memberlist.Delegate: rosters and claims for ranks
-// travel by gossip (requests and everything else, by actors).
-func (d *delegate) NotifyMsg(b []byte) { d.receive(b) }
-
-// GetBroadcasts implements memberlist.Delegate.
-func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
-	return d.queue.GetBroadcasts(overhead, limit)
-}
-
-// LocalState implements memberlist.Delegate: the roster, so that a node
-// that joins has it from its first exchange, and a roster whose broadcast
-// was missed arrives with the next full sync.
-func (d *delegate) LocalState(bool) []byte { return d.rosterMessage() }
-
-// rosterMessage is the gossip message of the roster held; nil before
-// there is one.
-func (d *delegate) rosterMessage() []byte {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.rosterMsg
-}
-
-// warnIgnored says why a gossip message was ignored, at most once per
-// warnIgnoredEvery: a peer with the gossip key can send many.
-func (d *delegate) warnIgnored(err error) {
-	now := time.Now().UnixNano()
-	last := d.ignoredWarned.Load()
-	if now-last >= int64(warnIgnoredEvery) && d.ignoredWarned.CompareAndSwap(last, now) {
-		d.cfg.Logger.Warn("ignoring a gossip message", "error", err)
-	}
-}
-
-const warnIgnoredEvery = 10 * time.Second
-
-// MergeRemoteState implements memberlist.Delegate.
-func (d *delegate) MergeRemoteState(b []byte, _ bool) {
-	if len(b) > 0 {
-		d.receive(b)
-	}
-}
-
-// decodeMeta reads a peer's metadata. Ranks beyond the deployment's size
-// (dp.MaxRanks for an elastic one, size 0) are refused like unreadable
-// metadata: the election and the cluster view loop over a member's ranks,
-// and a peer that claimed billions would hold the node actor for seconds
-// at each membership change, and make a view (/health) allocate without
-// bound.
-func decodeMeta(n *memberlist.Node, size uint32) (*dpnodev1.NodeMeta, error) {
-	var m dpnodev1.NodeMeta
-	if err := proto.Unmarshal(n.Meta, &m); err != nil {
-		return nil, fmt.Errorf("cluster: node %s sent unreadable metadata: %w", n.Name, err)
-	}
-	if size == 0 {
-		size = dp.MaxRanks
-	}
-	if end := uint64(m.StartRank) + uint64(m.LocalSize); end > uint64(size) {
-		return nil, fmt.Errorf("cluster: node %s claims ranks %d to %d, but --data-parallel-size is %d", n.Name, m.StartRank, end-1, size)
-	}
-	return &m, nil
-}
-
-func (d *delegate) setAddr(a string) { d.selfAddr.Store(&a) }
-
-// key is this node's identity in the roster: its --node-id, or else its
-// gossip address.
-func (d *delegate) key() string {
-	return cmp.Or(d.cfg.Meta.NodeId, d.addr())
-}
-
-// addr is this node's gossip address; empty until memberlist runs.
-func (d *delegate) addr() string {
-	if a := d.selfAddr.Load(); a != nil {
-		return *a
-	}
-	return ""
-}
-
-// conflict says why peer cannot be this node's peer: it serves something
-// else (mismatch), or it hosts one of this node's ranks, and then
-// rankTaken is true and meta is the peer's. A peer at this node's own
-// gossip address, or with its --node-id, is its previous incarnation, not
-// a rival: a node restarted after a crash takes its ranks back.
-func (d *delegate) conflict(peer *memberlist.Node) (meta *dpnodev1.NodeMeta, rankTaken bool, err error) {
-	if peer.Name == d.cfg.Name || peer.Address() == d.addr() {
-		return nil, false, nil
-	}
-	meta, err = decodeMeta(peer, d.cfg.Meta.DataParallelSize)
-	if err != nil {
-		return nil, false, err
-	}
-	if err := mismatch(d.cfg.Meta, meta, peer.Name); err != nil {
-		return meta, false, err
-	}
-	if d.cfg.Meta.NodeId != "" && meta.NodeId == d.cfg.Meta.NodeId {
-		// This node's previous incarnation, at another address (a pod
-		// recreated elsewhere): its ranks are this node's to take back.
-		return meta, false, nil
-	}
-	d.mu.Lock()
-	self := d.self
-	d.mu.Unlock()
-	err = control.RankConflict(self, []control.Member{{Name: peer.Name, Boot: meta.BootUnixNano, StartRank: int(meta.StartRank), LocalSize: int(meta.LocalSize)}})
-	if err != nil {
-		return meta, true, err
-	}
-	return meta, false, d.verify(peer.Name, cmp.Or(meta.ActorAddress, meta.JoiningActorAddress))
-}
-
-// verifyTimeout bounds a peer's check, which runs on memberlist's
-// goroutine; verifyRetry is how long a failed one stands before the peer
-// is checked again.
-const (
-	verifyTimeout = 2 * time.Second
-	verifyRetry   = 5 * time.Second
-)
-
-// verified is a peer's check, kept by name and actor address.
-type verified struct {
-	err error
-	at  time.Time
-}
-
-// verify checks the peer at address once (VerifyPeer), and again after a
-// failure once verifyRetry has passed.
-func (d *delegate) verify(name, address string) error {
-	if d.cfg.VerifyPeer == nil {
-		return nil
-	}
-	if address == "" {
-		return fmt.Errorf("cluster: %s gossips no actor address at which to check its certificate (a node from before they were checked?): it is not counted as a member", name)
-	}
-	key := name + " " + address
-	d.mu.Lock()
-	v, ok := d.verified[key]
-	d.mu.Unlock()
-	if ok && (v.err == nil || time.Since(v.at) < verifyRetry) {
-		return v.err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), verifyTimeout)
-	defer cancel()
-	err := d.cfg.VerifyPeer(ctx, name, address)
-	if err != nil {
-		err = fmt.Errorf("cluster: %s is not counted as a member: %w", name, err)
-		d.cfg.Logger.Warn(err.Error())
-	}
-	d.mu.Lock()
-	if d.verified == nil {
-		d.verified = map[string]verified{}
-	}
-	d.verified[key] = verified{err: err, at: time.Now()}
-	d.mu.Unlock()
-	return err
-}
-
-// mismatch names what the node called name serves differently from this
-// node, whose metadata is self: the model clients name, the engine, what
-// the engine serves, expert parallelism. Nodes of one cluster balance
-// requests over each other's ranks, so they must agree on all of it. A
-// field the peer leaves empty (a node from before it was gossiped) is not
-// compared.
-func mismatch(self, peer *dpnodev1.NodeMeta, name string) error {
-	var diffs []string
-	differ := func(flag, theirs, ours string) {
-		if theirs != "" && theirs != ours {
-			diffs = append(diffs, fmt.Sprintf("%s %q (this node: %q)", flag, theirs, ours))
-		}
-	}
-	differ("the model", peer.Model, self.Model)
-	differ("--engine", peer.Engine, self.Engine)
-	differ("the engine's model", peer.Profile, self.Profile)
-	if peer.DataParallelSize != self.DataParallelSize {
-		diffs = append(diffs, fmt.Sprintf("--data-parallel-size %s (this node: %s)", sizeFlag(peer.DataParallelSize), sizeFlag(self.DataParallelSize)))
-	}
-	if peer.ExpertParallel != self.ExpertParallel {
-		diffs = append(diffs, fmt.Sprintf("--enable-expert-parallel=%v (this node: %v)", peer.ExpertParallel, self.ExpertParallel))
-	}
-	if len(diffs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("cluster: node %s serves with %s; every node of a cluster must serve the same", name, strings.Join(diffs, ", "))
-}
-
-func sizeFlag(size uint32) string {
-	if size == 0 {
-		return "auto"
-	}
-	return strconv.Itoa(int(size))
-}
-
-// NotifyMerge implements memberlist.MergeDelegate: when this node joins
-// (or a node joins it), a peer that hosts one of its ranks or serves
-// something else cancels the merge, and the joining node is refused.
-func (d *delegate) NotifyMerge(peers []*memberlist.Node) error {
-	for _, p := range peers {
-		if p.State != memberlist.StateAlive && p.State != memberlist.StateSuspect {
-			continue
-		}
-		if _, _, err := d.conflict(p); err != nil {
-			d.mu.Lock()
-			// Only this node's own join is refused here; a node that
-			// joins this one hears its refusal on its side.
-			if d.refusal == nil && d.joining.Load() {
-				d.refusal = fmt.Errorf("cluster: refused to join: %w", err)
-			}
-			d.mu.Unlock()
-			return err
-		}
-	}
-	return nil
-}
-
-// NotifyAlive implements memberlist.AliveDelegate: a node that hosts one
-// of this node's ranks, or serves something else, is not accepted as a
-// peer. If it took this node's ranks and is the older of the two (both
-// joined at once), this node is the one that must go. So must this node
-// when a newer one with its --node-id serves: this one is the previous
-// incarnation (a pod that was cut off and replaced), and two nodes with
-// one identity would serve the same ranks.
-func (d *delegate) NotifyAlive(peer *memberlist.Node) error {
-	meta, rankTaken, err := d.conflict(peer)
-	d.mu.Lock()
-	onConflict := d.onConflict
-	d.mu.Unlock()
-	if rankTaken && meta.BootUnixNano < d.cfg.Meta.BootUnixNano && onConflict != nil {
-		onConflict(fmt.Errorf("cluster: another node took this node's ranks first: %w", err))
-	}
-	if err == nil && meta != nil && d.cfg.Meta.NodeId != "" && meta.NodeId == d.cfg.Meta.NodeId && peer.Address() != d.addr() &&
-		meta.ActorAddress != "" && meta.BootUnixNano > d.cfg.Meta.BootUnixNano && onConflict != nil {
-		onConflict(fmt.Errorf("cluster: a newer node with this node's --node-id %q serves, at %s: this node is its previous incarnation, and goes", d.cfg.Meta.NodeId, peer.Address()))
-	}
-	// A peer that serves something else is refused too; the node that
-	// joined last is refused at its join (NotifyMerge).
-	return err
-}
-
-func (d *delegate) event(kind control.MemberEventKind, n *memberlist.Node) {
-	if n.Name == d.cfg.Name {
-		return
-	}
-	meta, err := decodeMeta(n, d.cfg.Meta.DataParallelSize)
-	if err != nil {
-		d.cfg.Logger.Warn("ignoring a member", "error", err)
-		return
-	}
-	ev := &control.MemberEvent{Kind: kind, Name: n.Name, Key: keyOf(n), Meta: meta}
-	// Under the lock, so that an event is never handed over before one
-	// kept earlier (Attach).
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.onEvent == nil {
-		d.pending = append(d.pending, ev)
-		return
-	}
-	d.onEvent(ev)
-}
-
-// NotifyJoin implements memberlist.EventDelegate.
-func (d *delegate) NotifyJoin(n *memberlist.Node) { d.event(control.MemberJoined, n) }
-
-// NotifyLeave implements memberlist.EventDelegate: the node left, or gossip
-// declared it dead.
-func (d *delegate) NotifyLeave(n *memberlist.Node) { d.event(control.MemberLeft, n) }
-
-// NotifyUpdate implements memberlist.EventDelegate.
-func (d *delegate) NotifyUpdate(n *memberlist.Node) { d.event(control.MemberUpdated, n) }
 
 // slogWriter turns memberlist's log lines ("[WARN] memberlist: ...") into
 // structured records at the matching level.
@@ -1042,8 +567,8 @@ func (w *slogWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// splitHostPort reads host[:port], with defaultPort when there is none.
-func splitHostPort(s string, defaultPort int) (string, int, error) {
+// SplitHostPort reads host[:port], with defaultPort when there is none.
+func SplitHostPort(s string, defaultPort int) (string, int, error) {
 	host, portStr, err := net.SplitHostPort(s)
 	if err != nil {
 		var addrErr *net.AddrError

@@ -1,4 +1,4 @@
-package cluster
+package control_test
 
 import (
 	"context"
@@ -24,7 +24,7 @@ import (
 )
 
 // gossipNode is the node FuzzGossipMeta hands membership events to, as
-// Start wires it: ranks 0 and 1 of 4, balancing over the cluster
+// cluster.Start wires it: ranks 0 and 1 of 4, balancing over the cluster
 // (internal mode), on the simulated zero-cost executor.
 type gossipNode struct {
 	node *actors.Node
@@ -91,9 +91,36 @@ func (g *gossipNode) serves(what string) error {
 // (memberlist.Node.Meta), to the delegate that decides on peers: the
 // merge and alive checks must refuse what does not decode, the join,
 // update and leave notices must ignore it, and a peer they admit is handed
-// to a running node, as Start wires it (OnEvent is Node.MemberEvent),
+// to a running node, as cluster.Start wires it (OnEvent is Node.MemberEvent),
 // which must go on serving: answer a view, serve a request.
 func FuzzGossipMeta(f *testing.F) {
+	addGossipSeeds(f)
+	z := &gossipFuzz{g: startGossipNode(f)}
+	f.Cleanup(func() { z.g.stop(f) })
+	self := z.g.node.Meta()
+	z.d = control.NewDelegate(control.MembershipConfig{Name: z.g.node.Name(), Meta: self, Logger: slog.New(slog.DiscardHandler),
+		OnEvent: func(ev *control.MemberEvent) {
+			z.mu.Lock()
+			z.events = append(z.events, ev)
+			z.mu.Unlock()
+			z.g.node.MemberEvent(ev)
+		},
+		OnConflict: func(error) {}}, "127.0.0.1:7946") // this node's own gossip address
+	f.Fuzz(func(t *testing.T, meta []byte) {
+		defer func() {
+			if t.Failed() {
+				z.g.stop(t)
+				z.g = startGossipNode(t)
+				z.taken()
+			}
+		}()
+		z.check(t, meta)
+	})
+}
+
+// addGossipSeeds adds FuzzGossipMeta's seed corpus: peers of the node's
+// cluster, and metadata that does not decode.
+func addGossipSeeds(f *testing.F) {
 	add := func(m *dpnodev1.NodeMeta) {
 		b, err := proto.Marshal(m)
 		if err != nil {
@@ -130,116 +157,104 @@ func FuzzGossipMeta(f *testing.F) {
 	f.Add([]byte{0x20, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
 	f.Add([]byte{0x7a, 0x00})     // an unknown field
 	f.Add([]byte("not protobuf")) // JSON, say, from an older version
+}
 
-	var (
-		mu     sync.Mutex
-		events []*control.MemberEvent
-	)
-	g := startGossipNode(f)
-	f.Cleanup(func() { g.stop(f) })
-	self := g.node.Meta()
-	d := newDelegate(MembershipConfig{Name: g.node.Name(), Meta: self, Logger: slog.New(slog.DiscardHandler),
-		OnEvent: func(ev *control.MemberEvent) {
-			mu.Lock()
-			events = append(events, ev)
-			mu.Unlock()
-			g.node.MemberEvent(ev)
-		},
-		OnConflict: func(error) {}}, nil, 4)
-	// This node's own gossip address.
-	d.setAddr("127.0.0.1:7946")
-	taken := func() []*control.MemberEvent {
-		mu.Lock()
-		defer mu.Unlock()
-		evs := events
-		events = nil
-		return evs
+// gossipFuzz is what FuzzGossipMeta runs on: the delegate under test, the
+// node it hands its events to, and the events not looked at yet.
+type gossipFuzz struct {
+	d      *control.Delegate
+	g      *gossipNode
+	mu     sync.Mutex
+	events []*control.MemberEvent
+}
+
+// taken returns the events since the last call.
+func (z *gossipFuzz) taken() []*control.MemberEvent {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	evs := z.events
+	z.events = nil
+	return evs
+}
+
+// check gives the delegate a peer whose metadata is meta, as a stranger
+// and as this node's earlier incarnation.
+func (z *gossipFuzz) check(t *testing.T, meta []byte) {
+	var want dpnodev1.NodeMeta
+	decodes := proto.Unmarshal(meta, &want) == nil
+
+	// A peer at an address of its own: the checks decide.
+	n := &memberlist.Node{Name: "peer", Addr: net.IPv4(127, 0, 0, 2), Port: 7946, Meta: meta, State: memberlist.StateAlive}
+	aliveErr := z.d.NotifyAlive(n)
+	mergeErr := z.d.NotifyMerge([]*memberlist.Node{n})
+	switch {
+	case !decodes && (aliveErr == nil || mergeErr == nil):
+		t.Fatalf("metadata that does not decode was admitted: alive %v, merge %v", aliveErr, mergeErr)
+	case (aliveErr == nil) != (mergeErr == nil):
+		t.Fatalf("the alive check says %v and the merge check %v", aliveErr, mergeErr)
+	}
+	if aliveErr == nil {
+		z.notices(t, n, &want, 3)
+	} else if !decodes {
+		// memberlist drops a peer its delegate refuses: no notice of
+		// it follows, but for metadata that does not decode, which
+		// the notices must ignore on their own.
+		z.notices(t, n, nil, 0)
+	}
+	if err := z.g.serves("the notices of a peer"); err != nil {
+		t.Fatal(err)
 	}
 
-	// notices gives the delegate n's join, update and leave, as memberlist
-	// does for a member it admitted, and checks the events: each of its
-	// notice's kind, with want as the metadata, handed to the node, which
-	// must go on serving after each. events is how many of the three
-	// notices must make one: 0, 3, or -1 for either (the delegate may
-	// refuse metadata at the notices too, but for all three alike).
-	notices := func(t *testing.T, n *memberlist.Node, want *dpnodev1.NodeMeta, events int) {
-		t.Helper()
-		got := 0
-		for _, step := range []struct {
-			notify func(*memberlist.Node)
-			kind   control.MemberEventKind
-		}{{d.NotifyJoin, control.MemberJoined}, {d.NotifyUpdate, control.MemberUpdated}, {d.NotifyLeave, control.MemberLeft}} {
-			step.notify(n)
-			evs := taken()
-			if len(evs) > 1 || (len(evs) == 1 && (events == 0 || evs[0].Kind != step.kind || evs[0].Name != n.Name || !proto.Equal(evs[0].Meta, want))) {
-				t.Fatalf("notice of kind %v of %s made events %+v", step.kind, n.Name, evs)
-			}
-			got += len(evs)
-			if err := g.serves(fmt.Sprintf("member event %v of %s with %v", step.kind, n.Name, want)); err != nil {
-				t.Fatal(err)
-			}
+	// A peer at this node's own gossip address: an earlier incarnation
+	// of this node, which the checks admit whatever its metadata
+	// (it hosted these ranks): the notices must ignore what does not
+	// decode, and the node must take the rest.
+	n = &memberlist.Node{Name: "peer-before-restart", Addr: net.IPv4(127, 0, 0, 1), Port: 7946, Meta: meta, State: memberlist.StateAlive}
+	if err := z.d.NotifyAlive(n); err != nil && !decodes {
+		return
+	}
+	if decodes {
+		z.notices(t, n, &want, -1)
+	} else {
+		z.notices(t, n, nil, 0)
+	}
+	if err := z.g.serves("the notices of an earlier incarnation"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// notices gives the delegate n's join, update and leave, as memberlist
+// does for a member it admitted, and checks the events: each of its
+// notice's kind, with want as the metadata, handed to the node, which
+// must go on serving after each. events is how many of the three
+// notices must make one: 0, 3, or -1 for either (the delegate may
+// refuse metadata at the notices too, but for all three alike).
+func (z *gossipFuzz) notices(t *testing.T, n *memberlist.Node, want *dpnodev1.NodeMeta, events int) {
+	t.Helper()
+	got := 0
+	for _, step := range []struct {
+		notify func(*memberlist.Node)
+		kind   control.MemberEventKind
+	}{{z.d.NotifyJoin, control.MemberJoined}, {z.d.NotifyUpdate, control.MemberUpdated}, {z.d.NotifyLeave, control.MemberLeft}} {
+		step.notify(n)
+		evs := z.taken()
+		if len(evs) > 1 || (len(evs) == 1 && (events == 0 || evs[0].Kind != step.kind || evs[0].Name != n.Name || !proto.Equal(evs[0].Meta, want))) {
+			t.Fatalf("notice of kind %v of %s made events %+v", step.kind, n.Name, evs)
 		}
-		if got != 0 && got != 3 || events >= 0 && got != events {
-			t.Fatalf("%d of the join, update and leave notices of %s made an event; want %d", got, n.Name, events)
-		}
-		// Nothing of a peer that left may stay.
-		v, err := g.node.View(context.Background())
-		if err != nil {
+		got += len(evs)
+		if err := z.g.serves(fmt.Sprintf("member event %v of %s with %v", step.kind, n.Name, want)); err != nil {
 			t.Fatal(err)
-		}
-		if slices.ContainsFunc(v.Nodes, func(nv actors.NodeView) bool { return nv.Name == n.Name }) {
-			t.Fatalf("%s is still a member after it left: %+v", n.Name, v.Nodes)
 		}
 	}
-
-	f.Fuzz(func(t *testing.T, meta []byte) {
-		defer func() {
-			if t.Failed() {
-				g.stop(t)
-				g = startGossipNode(t)
-				taken()
-			}
-		}()
-		var want dpnodev1.NodeMeta
-		decodes := proto.Unmarshal(meta, &want) == nil
-
-		// A peer at an address of its own: the checks decide.
-		n := &memberlist.Node{Name: "peer", Addr: net.IPv4(127, 0, 0, 2), Port: 7946, Meta: meta, State: memberlist.StateAlive}
-		aliveErr := d.NotifyAlive(n)
-		mergeErr := d.NotifyMerge([]*memberlist.Node{n})
-		switch {
-		case !decodes && (aliveErr == nil || mergeErr == nil):
-			t.Fatalf("metadata that does not decode was admitted: alive %v, merge %v", aliveErr, mergeErr)
-		case (aliveErr == nil) != (mergeErr == nil):
-			t.Fatalf("the alive check says %v and the merge check %v", aliveErr, mergeErr)
-		}
-		if aliveErr == nil {
-			notices(t, n, &want, 3)
-		} else if !decodes {
-			// memberlist drops a peer its delegate refuses: no notice of
-			// it follows, but for metadata that does not decode, which
-			// the notices must ignore on their own.
-			notices(t, n, nil, 0)
-		}
-		if err := g.serves("the notices of a peer"); err != nil {
-			t.Fatal(err)
-		}
-
-		// A peer at this node's own gossip address: an earlier incarnation
-		// of this node, which the checks admit whatever its metadata
-		// (it hosted these ranks): the notices must ignore what does not
-		// decode, and the node must take the rest.
-		n = &memberlist.Node{Name: "peer-before-restart", Addr: net.IPv4(127, 0, 0, 1), Port: 7946, Meta: meta, State: memberlist.StateAlive}
-		if err := d.NotifyAlive(n); err != nil && !decodes {
-			return
-		}
-		if decodes {
-			notices(t, n, &want, -1)
-		} else {
-			notices(t, n, nil, 0)
-		}
-		if err := g.serves("the notices of an earlier incarnation"); err != nil {
-			t.Fatal(err)
-		}
-	})
+	if got != 0 && got != 3 || events >= 0 && got != events {
+		t.Fatalf("%d of the join, update and leave notices of %s made an event; want %d", got, n.Name, events)
+	}
+	// Nothing of a peer that left may stay.
+	v, err := z.g.node.View(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(v.Nodes, func(nv actors.NodeView) bool { return nv.Name == n.Name }) {
+		t.Fatalf("%s is still a member after it left: %+v", n.Name, v.Nodes)
+	}
 }

@@ -1,4 +1,4 @@
-package cluster
+package control
 
 import (
 	"bytes"
@@ -14,7 +14,6 @@ import (
 	"github.com/hashicorp/memberlist"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/dpnode/dpnode/control"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
 
@@ -61,7 +60,7 @@ func TestVerifierWantsThePeersNameAtItsAddress(t *testing.T) {
 		}
 		return "", errors.New("no answer")
 	}
-	verify, err := ours.Node(t, "a").verifier(identify)
+	verify, err := ours.Node(t, "a").Verifier(identify)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +124,7 @@ func TestPeerWithNoAddressToCheckIsNoMember(t *testing.T) {
 func TestClaimsByGossipAreIgnored(t *testing.T) {
 	d := &delegate{cfg: MembershipConfig{Name: "self", Meta: &dpnodev1.NodeMeta{Model: "m"}, Logger: slog.New(slog.DiscardHandler)}}
 	var claims int
-	d.onClaim = func(control.Claim, bool) { claims++ }
+	d.onClaim = func(Claim, bool) { claims++ }
 	for _, release := range []bool{false, true} {
 		d.receive(mustMarshal(&dpnodev1.GossipMessage{Body: &dpnodev1.GossipMessage_Claim{Claim: &dpnodev1.RankClaim{Node: "victim:7946", Count: 1, Release: release}}}))
 	}
@@ -185,7 +184,7 @@ func TestRosterUnderTLSMustBeSigned(t *testing.T) {
 		t.Error("the roster is not passed on as it came, with its signature")
 	}
 	// A roster this node decides goes out signed.
-	if !d.adopt(control.Roster{Version: 5, Epoch: 1, Holds: []control.Hold{{Node: "127.0.0.9:7946", Count: 2}}}, nil) {
+	if !d.adopt(Roster{Version: 5, Epoch: 1, Holds: []Hold{{Node: "127.0.0.9:7946", Count: 2}}}, nil) {
 		t.Fatal("a newer roster of this node's was not adopted")
 	}
 	var msg dpnodev1.GossipMessage
@@ -237,14 +236,4 @@ func TestRefusalUnderTLSMustBeSigned(t *testing.T) {
 	if err := refused(); err == nil || !strings.Contains(err.Error(), "the deployment is full") {
 		t.Fatalf("the leader's signed refusal: %v", err)
 	}
-}
-
-// Seal issues a certificate for a node and returns the node's Seal.
-func (ca *testCA) Seal(t *testing.T, name string) Seal {
-	t.Helper()
-	s, err := ca.Node(t, name).GossipSeal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }

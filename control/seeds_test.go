@@ -1,4 +1,4 @@
-package cluster
+package control
 
 import (
 	"context"
@@ -7,44 +7,12 @@ import (
 	"net"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/dpnode/dpnode/control/controltest"
 	dpnodev1 "github.com/dpnode/dpnode/proto/dpnode/v1"
 )
-
-// fakeDNS answers lookups from a table, counts them and reports each on
-// looked, the way a headless Service's name resolves to its pods.
-type fakeDNS struct {
-	mu      sync.Mutex
-	names   map[string][]string
-	lookups int
-	looked  chan int
-}
-
-func (f *fakeDNS) LookupHost(_ context.Context, host string) ([]string, error) {
-	f.mu.Lock()
-	f.lookups++
-	n, addrs, ok := f.lookups, f.names[host], f.names[host] != nil
-	f.mu.Unlock()
-	if f.looked != nil {
-		select {
-		case f.looked <- n:
-		default:
-		}
-	}
-	if !ok {
-		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-	}
-	return addrs, nil
-}
-
-func (f *fakeDNS) count() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.lookups
-}
 
 // gossipOn starts a gossip endpoint on ip:7946 with the seeds and rule
 // given.
@@ -61,7 +29,7 @@ func gossipOn(t *testing.T, ip string, dns Resolver, founder bool, timeout time.
 }
 
 func TestSeedAddressesResolveEveryName(t *testing.T) {
-	dns := &fakeDNS{names: map[string][]string{
+	dns := &controltest.DNS{Names: map[string][]string{
 		"dpnode-headless": {"10.0.0.1", "10.0.0.2", "10.0.0.3"},
 		"dpnode-0":        {"10.0.0.1"},
 	}}
@@ -105,7 +73,7 @@ func TestSeedThatIsThisNodeIsNoJoin(t *testing.T) {
 // answer starts the cluster at once; a node whose seed is a name that
 // resolves to every node (itself, the founder and one not up) joins it.
 func TestFounderStartsAndOthersJoinByName(t *testing.T) {
-	dns := &fakeDNS{names: map[string][]string{"dpnode-headless": {"127.0.0.221", "127.0.0.222", "127.0.0.223"}}}
+	dns := &controltest.DNS{Names: map[string][]string{"dpnode-headless": {"127.0.0.221", "127.0.0.222", "127.0.0.223"}}}
 	a, err := gossipOn(t, "127.0.0.221", dns, true, time.Minute, "dpnode-headless:7946")
 	if err != nil {
 		t.Fatalf("the founder: %v", err)
@@ -134,7 +102,7 @@ func waitMembers(t *testing.T, who string, m *Membership, n int) {
 // TestJoinWaitsForAFounder: a node started before any of its seeds is up
 // resolves and tries again until one answers, and then joins it.
 func TestJoinWaitsForAFounder(t *testing.T) {
-	dns := &fakeDNS{names: map[string][]string{"dpnode-0.dpnode": {"127.0.0.225"}}, looked: make(chan int, 1)}
+	dns := &controltest.DNS{Names: map[string][]string{"dpnode-0.dpnode": {"127.0.0.225"}}, Looked: make(chan int, 1)}
 	type result struct {
 		m   *Membership
 		err error
@@ -148,7 +116,7 @@ func TestJoinWaitsForAFounder(t *testing.T) {
 	// again.
 	for n := 0; n < 2; {
 		select {
-		case n = <-dns.looked:
+		case n = <-dns.Looked:
 		case r := <-joined:
 			t.Fatalf("the join ended before its seed was up: %v", r.err)
 		case <-time.After(30 * time.Second):
@@ -175,12 +143,12 @@ func TestJoinWaitsForAFounder(t *testing.T) {
 // is not the founder, gives up after --join-timeout with an error that
 // says what to change, having tried more than once.
 func TestJoinGivesUpAtTheTimeout(t *testing.T) {
-	dns := &fakeDNS{names: map[string][]string{}}
+	dns := &controltest.DNS{Names: map[string][]string{}}
 	_, err := gossipOn(t, "127.0.0.226", dns, false, 2*time.Second, "dpnode-headless:7946")
 	if err == nil || !strings.Contains(err.Error(), "--join-timeout") || !strings.Contains(err.Error(), "no such host") {
 		t.Fatalf("error %v; want one naming --join-timeout and the lookup's failure", err)
 	}
-	if n := dns.count(); n < 2 {
+	if n := dns.Lookups(); n < 2 {
 		t.Fatalf("%d lookups; want the seed looked up again on each try", n)
 	}
 }

@@ -1,4 +1,4 @@
-package cluster
+package control
 
 import (
 	"crypto/ecdsa"
@@ -20,7 +20,7 @@ import (
 
 // CA is a cluster's certificate authority: every node's certificate for
 // the actor transport's mutual TLS is signed by it, and a certificate it
-// signed is what makes a peer a member (see TLSFiles.credentials).
+// signed is what makes a peer a member (see TLSFiles.Credentials).
 type CA struct {
 	dir  string
 	cert *x509.Certificate

@@ -189,24 +189,18 @@ type call struct {
 	rank *rankState
 	// dispatchedAt is when the call was last sent to its rank.
 	dispatchedAt time.Time
-	output       []uint32
-	// logprobs are output's log-probabilities, and promptLogprobs the
-	// prompt's, kept for a Whole call.
-	logprobs       []*engine.TokenLogprobs
-	promptLogprobs []*engine.TokenLogprobs
-	firstAt        time.Time
-	lastAt         time.Time
-	parkedAt       time.Time
-	moves          int
+	// p is what the call has produced so far; sink is the attempt that
+	// runs at rank, nil while the call waits for one.
+	p        *progress
+	sink     *sink
+	parkedAt time.Time
+	moves    int
 	// placing describes the request to the policy; made at its first pick.
 	placing *dp.Request
 	// cached is what the last pick expected the rank to hold of the
 	// prompt; prefill is the tokens the rank has to prefill for the call,
 	// counted in its account until the first output.
 	cached, prefill int
-	// promptHit is the first engine's prefix-cache hit on the prompt, kept
-	// for a whole call's one event.
-	promptHit int
 }
 
 // NewAPIServerProducer returns the producer of an APIServerActor. The
@@ -250,17 +244,23 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		a.stopping = true
 		a.detach(ctx)
 	case *Submission:
-		if _, dup := a.calls[msg.ID]; dup {
-			msg.Stream.push(Event{Index: msg.Index, Finish: engine.FinishedError, Err: fmt.Errorf("actors: request id %q is already in flight", msg.ID)})
-			return
+		if old, dup := a.calls[msg.ID]; dup {
+			if !old.p.done() {
+				msg.Stream.push(Event{Index: msg.Index, Finish: engine.FinishedError, Err: fmt.Errorf("actors: request id %q is already in flight", msg.ID)})
+				return
+			}
+			// Ended at a local engine, whose word of it is on its way.
+			a.ended(old)
 		}
-		c := &call{sub: msg}
+		c := &call{sub: msg, p: &progress{}}
 		a.calls[msg.ID] = c
 		a.dispatch(ctx, c)
 	case *Abort:
 		a.abort(ctx, msg)
 	case *dpnodev1.StepOutputs:
 		a.stepOutputs(msg)
+	case *localOutputs:
+		a.localOutputs(msg)
 	case *dpnodev1.EngineStats:
 		if r := a.byRank[int(msg.Rank)]; r != nil && r.local && msg.EngineEpoch == r.epoch.Load() {
 			a.applyStats(r, msg)
@@ -363,24 +363,26 @@ func (a *APIServerActor) nodeDown(ctx actor.Context, name string) {
 func (a *APIServerActor) stop() {
 	a.stopTimers()
 	for id, c := range a.calls {
-		c.sub.Stream.push(Event{Index: c.sub.Index, Finish: engine.FinishedError, Err: ErrAPIServerGone})
+		c.p.end(c.sub.Stream, Event{Index: c.sub.Index, Finish: engine.FinishedError, Err: ErrAPIServerGone})
 		delete(a.calls, id)
 	}
 }
 
 // detach readies the calls for the next incarnation of a crashed API
 // server. The calls map outlives the actor (see NewAPIServerProducer), and
-// so do the engines, local and remote; but the crash may have lost an
-// output on its way to a stream, so each call is taken off its rank and
+// so do the engines, local and remote; but the crash may have lost a
+// remote engine's output on its way to a stream, and the new incarnation
+// starts its counts afresh, so each call is taken off its rank and
 // aborted there, and the next incarnation sends it again, from its tokens
 // so far (see resume).
 func (a *APIServerActor) detach(ctx actor.Context) {
 	a.stopTimers()
 	for _, c := range a.calls {
+		c.p.detach()
 		if r := c.rank; r != nil {
 			ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: []string{c.sub.ID}})
 		}
-		c.rank, c.prefill = nil, 0
+		c.rank, c.prefill, c.sink = nil, 0, nil
 	}
 }
 
@@ -417,8 +419,15 @@ func (a *APIServerActor) resume(ctx actor.Context) {
 		return
 	}
 	calls := slices.SortedFunc(maps.Values(a.calls), func(x, y *call) int { return x.sub.Arrival.Compare(y.sub.Arrival) })
-	resumed := 0
+	resumed, ended := 0, 0
 	for _, c := range calls {
+		tokens, done := c.p.detach()
+		if done {
+			// It ended at a local engine while the API server restarted.
+			delete(a.calls, c.sub.ID)
+			ended++
+			continue
+		}
 		c.moves++
 		c.parkedAt = time.Time{}
 		switch {
@@ -426,14 +435,14 @@ func (a *APIServerActor) resume(ctx actor.Context) {
 			// A request that crashes the API server each time it is
 			// handled must not crash it for good.
 			a.fail(c, fmt.Errorf("%w: %d crashes", ErrTooManyRestarts, c.moves), "too_many_restarts")
-		case len(c.output) > 0 && !a.cfg.Migration:
-			a.fail(c, fmt.Errorf("%w (the API server restarted after %d tokens)", ErrEngineLost, len(c.output)), "engine_lost")
+		case tokens > 0 && !a.cfg.Migration:
+			a.fail(c, fmt.Errorf("%w (the API server restarted after %d tokens)", ErrEngineLost, tokens), "engine_lost")
 		default:
 			resumed++
 			a.dispatch(ctx, c)
 		}
 	}
-	a.cfg.Logger.Warn("the API server restarted after a crash; its requests continue", "requests", resumed, "failed", len(calls)-resumed)
+	a.cfg.Logger.Warn("the API server restarted after a crash; its requests continue", "requests", resumed, "failed", len(calls)-resumed-ended)
 }
 
 // pick chooses the rank for c; nil with no error means c must wait.
@@ -488,16 +497,24 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 		a.park(c)
 		return
 	}
-	c.rank, c.parkedAt, c.dispatchedAt = r, time.Time{}, time.Now()
+	s := &sink{id: c.sub.ID, index: c.sub.Index, whole: c.sub.Whole, stream: c.sub.Stream, arrival: c.sub.Arrival, rank: r.rank,
+		metrics: r.metrics, owner: a.self, first: c.moves == 0, p: c.p}
+	output, ok := c.p.next(s)
+	if !ok {
+		// Its end is on its way from a local engine.
+		delete(a.calls, c.sub.ID)
+		return
+	}
+	c.rank, c.sink, c.parkedAt, c.dispatchedAt = r, s, time.Time{}, time.Now()
 	a.armReconcile()
-	c.prefill = dp.Prefill(len(c.sub.Prompt)+len(c.output), c.cached)
+	c.prefill = dp.Prefill(len(c.sub.Prompt)+len(output), c.cached)
 	r.acct.Send(c.prefill)
 	r.metrics.inflight.Set(float64(r.acct.InFlight))
 	add := &dpnodev1.AddRequest{
 		RequestId:       c.sub.ID,
 		PromptTokenIds:  c.sub.Prompt,
 		Sampling:        samplingToWire(c.sub.Sampling),
-		OutputTokenIds:  c.output,
+		OutputTokenIds:  output,
 		EngineEpoch:     r.epoch.Load(),
 		ArrivalUnixNano: c.sub.Arrival.UnixNano(),
 		Attempt:         uint32(c.moves),
@@ -513,7 +530,12 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 	if a.cfg.ExpertParallel {
 		add.Wave, notify = a.waves.Dispatch()
 	}
-	ctx.Request(r.pid, add)
+	if r.local {
+		// Its outputs go straight to the stream (see sink).
+		ctx.Request(r.pid, &localAdd{add: add, sink: s})
+	} else {
+		ctx.Request(r.pid, add)
+	}
 	if notify && a.coordinator != nil {
 		// After the request, never before: the notice wakes the other
 		// ranks, and their step reports wake the target too. A target that
@@ -579,6 +601,7 @@ func (a *APIServerActor) abort(ctx actor.Context, msg *Abort) {
 		return
 	}
 	delete(a.calls, msg.ID)
+	c.p.detach()
 	r := c.rank
 	if r == nil {
 		a.parked = slices.DeleteFunc(a.parked, func(p *call) bool { return p == c })
@@ -596,16 +619,23 @@ func (a *APIServerActor) release(c *call) {
 		r.metrics.inflight.Set(float64(r.acct.InFlight))
 		c.rank, c.prefill = nil, 0
 	}
+	c.sink = nil
+}
+
+// ended takes a call that has ended off the books.
+func (a *APIServerActor) ended(c *call) {
+	delete(a.calls, c.sub.ID)
+	a.release(c)
 }
 
 // fail ends c with an error.
 func (a *APIServerActor) fail(c *call, err error, reason string) {
-	delete(a.calls, c.sub.ID)
-	a.release(c)
-	c.sub.Stream.push(Event{Index: c.sub.Index, Finish: engine.FinishedError, Err: err})
+	a.ended(c)
+	c.p.end(c.sub.Stream, Event{Index: c.sub.Index, Finish: engine.FinishedError, Err: err})
 	a.cfg.Metrics.failedWith(reason)
 }
 
+// stepOutputs delivers a remote engine's outputs.
 func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 	r := a.byRank[int(msg.Rank)]
 	if r == nil || msg.EngineEpoch != r.epoch.Load() {
@@ -617,53 +647,59 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 	now := time.Now()
 	for _, o := range msg.Outputs {
 		c := a.calls[o.RequestId]
-		if c == nil || c.rank != r || o.Attempt != uint32(c.moves) {
+		if c == nil || c.rank != r || c.sink == nil || o.Attempt != uint32(c.moves) {
 			continue
 		}
-		finish, lps, promptLps := finishFromWire(o.FinishReason), logprobsFromWire(o.Logprobs), logprobsFromWire(o.PromptLogprobs)
-		if n := len(o.NewTokenIds); n > 0 {
-			// The engine has prefilled the call.
-			r.acct.Prefilled(c.prefill)
-			c.prefill = 0
-			if c.firstAt.IsZero() {
-				c.firstAt = now
-				r.metrics.ttft.Observe(now.Sub(c.sub.Arrival).Seconds())
-			} else {
-				r.metrics.itl.Observe(now.Sub(c.lastAt).Seconds() / float64(n))
-			}
-			c.lastAt = now
-			c.output = append(c.output, o.NewTokenIds...)
-			if c.sub.Whole && len(lps) > 0 {
-				c.logprobs = append(c.logprobs, lps...)
-			}
-			if c.sub.Whole && c.promptLogprobs == nil {
-				c.promptLogprobs = promptLps
-			}
-			r.metrics.generation.Add(float64(n))
+		out := engine.Output{ID: o.RequestId, NewTokens: o.NewTokenIds, Finish: finishFromWire(o.FinishReason), NumCachedTokens: int(o.NumCachedTokens),
+			Logprobs: logprobsFromWire(o.Logprobs), PromptLogprobs: logprobsFromWire(o.PromptLogprobs)}
+		prefilled, ended := c.sink.deliver(&out, o.Error, now)
+		a.delivered(c, prefilled, ended, out.Finish == engine.FinishedError)
+	}
+}
+
+// localOutputs takes what a local engine says of the outputs it delivered.
+func (a *APIServerActor) localOutputs(msg *localOutputs) {
+	if r := a.byRank[msg.rank]; r != nil && msg.stats != nil && msg.epoch == r.epoch.Load() {
+		a.applyStats(r, msg.stats)
+	}
+	for _, s := range msg.prefilled {
+		if c := a.attempt(s); c != nil {
+			a.delivered(c, true, false, false)
 		}
-		if c.moves == 0 && o.NumCachedTokens != 0 {
-			// After a move the new engine's cache hit covers the tokens
-			// generated before; the client's prompt hit was the first.
-			c.promptHit = int(o.NumCachedTokens)
+	}
+	for _, s := range msg.ended {
+		if c := a.attempt(s); c != nil {
+			a.delivered(c, false, true, false)
 		}
-		ev := Event{Index: c.sub.Index, Tokens: o.NewTokenIds, Finish: finish, Rank: r.rank, NumCachedTokens: c.promptHit, Logprobs: lps,
-			PromptLogprobs: promptLps}
-		switch finish {
-		case engine.NotFinished:
-			if !c.sub.Whole {
-				c.sub.Stream.push(ev)
-			}
-			continue
-		case engine.FinishedError:
-			a.fail(c, fmt.Errorf("engine rank %d: %s", r.rank, o.Error), "engine_refused")
-			continue
+	}
+	for _, s := range msg.refused {
+		if c := a.attempt(s); c != nil {
+			a.delivered(c, false, true, true)
 		}
-		delete(a.calls, c.sub.ID)
-		a.release(c)
-		if c.sub.Whole {
-			ev.Tokens, ev.Logprobs, ev.PromptLogprobs = c.output, c.logprobs, c.promptLogprobs
-		}
-		c.sub.Stream.push(ev)
+	}
+}
+
+// attempt returns the call whose current attempt s is; nil when there is
+// none (it was moved, aborted or failed since).
+func (a *APIServerActor) attempt(s *sink) *call {
+	if c := a.calls[s.id]; c != nil && c.sink == s {
+		return c
+	}
+	return nil
+}
+
+// delivered keeps the books of a call's output: its prompt is prefilled,
+// it ended, or the engine refused it.
+func (a *APIServerActor) delivered(c *call, prefilled, ended, refused bool) {
+	if prefilled && c.rank != nil {
+		c.rank.acct.Prefilled(c.prefill)
+		c.prefill = 0
+	}
+	if ended {
+		a.ended(c)
+	}
+	if refused {
+		a.cfg.Metrics.failedWith("engine_refused")
 	}
 }
 

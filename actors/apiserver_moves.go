@@ -22,7 +22,7 @@ func (a *APIServerActor) move(ctx actor.Context, r *rankState, why string) int {
 	}
 	// Oldest first, so that the re-dispatch keeps arrival order.
 	slices.SortFunc(moved, func(x, y *call) int { return x.sub.Arrival.Compare(y.sub.Arrival) })
-	var counts [3]int
+	var counts [4]int
 	for _, c := range moved {
 		counts[a.moveCall(ctx, c)]++
 	}
@@ -38,6 +38,7 @@ const (
 	moveFailed = iota
 	redispatched
 	migrated
+	moveEnded
 )
 
 // moveCall sends a call whose engine lost it elsewhere: again from the
@@ -45,17 +46,23 @@ const (
 func (a *APIServerActor) moveCall(ctx actor.Context, c *call) int {
 	r := c.rank
 	a.release(c)
+	tokens, done := c.p.detach()
+	if done {
+		// It ended at a local engine, whose word of it is on its way.
+		delete(a.calls, c.sub.ID)
+		return moveEnded
+	}
 	c.moves++
 	switch {
 	case c.moves > a.cfg.MaxMigrations:
 		a.fail(c, fmt.Errorf("%w: %d crashes", ErrTooManyRestarts, c.moves), "too_many_restarts")
 		return moveFailed
-	case len(c.output) > 0 && !a.cfg.Migration:
-		a.fail(c, fmt.Errorf("%w (rank %d, after %d tokens)", ErrEngineLost, r.rank, len(c.output)), "engine_lost")
+	case tokens > 0 && !a.cfg.Migration:
+		a.fail(c, fmt.Errorf("%w (rank %d, after %d tokens)", ErrEngineLost, r.rank, tokens), "engine_lost")
 		return moveFailed
 	}
 	outcome := redispatched
-	if len(c.output) == 0 {
+	if tokens == 0 {
 		r.metrics.redispatched.Inc()
 	} else {
 		r.metrics.migrated.Inc()
@@ -119,7 +126,7 @@ func (a *APIServerActor) requestList(ctx actor.Context, msg *dpnodev1.RequestLis
 	slices.SortFunc(lost, func(x, y *call) int { return x.sub.Arrival.Compare(y.sub.Arrival) })
 	for _, c := range lost {
 		a.cfg.Logger.Warn("a request, or its last output, was lost between this node and its engine; sending it again",
-			"rank", r.rank, "request", c.sub.ID, "tokens_so_far", len(c.output))
+			"rank", r.rank, "request", c.sub.ID, "tokens_so_far", c.p.tokens())
 		ctx.Send(r.pid, &dpnodev1.AbortRequests{RequestIds: []string{c.sub.ID}})
 		a.moveCall(ctx, c)
 	}

@@ -239,14 +239,18 @@ func TestLostRequestIsSentAgain(t *testing.T) {
 }
 
 // TestAPIServerCrashLosesNoRequest crashes the API server in the middle of
-// a burst, on the 40th step output it receives (which is lost with it):
+// a burst, on the first word of prompts prefilled it receives from an
+// engine (which is lost with it; the engines deliver the tokens
+// themselves):
 // its supervisor restarts it, the new incarnation takes the calls over,
 // and every request finishes token-exactly, with no error.
 func TestAPIServerCrashLosesNoRequest(t *testing.T) {
-	var outputs atomic.Int64
+	var injected atomic.Bool
 	prev := faultHook
 	faultHook = func(ctx actor.Context) bool {
-		if _, ok := ctx.Message().(*dpnodev1.StepOutputs); ok && ctx.Self().Id == apiServerID && outputs.Add(1) == 40 {
+		// The first word of prompts prefilled comes while their requests
+		// have tokens still to come.
+		if o, ok := ctx.Message().(*localOutputs); ok && ctx.Self().Id == apiServerID && len(o.prefilled) > 0 && injected.CompareAndSwap(false, true) {
 			panic("injected API server fault")
 		}
 		return prev != nil && prev(ctx)
@@ -256,8 +260,8 @@ func TestAPIServerCrashLosesNoRequest(t *testing.T) {
 	tn := startTestNode(t, 2, 0.05, -1, 0)
 	const n, maxTokens = 60, 20
 	results := tn.runBurst(t, n, maxTokens)
-	if outputs.Load() <= 40 {
-		t.Fatalf("the API server received %d step outputs: the fault was never injected", outputs.Load())
+	if !injected.Load() {
+		t.Fatal("the fault was never injected")
 	}
 	for i, r := range results {
 		prompt := tn.tok.Tokens(fmt.Sprintf("request number %d asks about the cluster", i))
@@ -268,6 +272,25 @@ func TestAPIServerCrashLosesNoRequest(t *testing.T) {
 	for _, r := range tn.runBurst(t, 20, 3) {
 		if r.err != nil {
 			t.Fatalf("after the restart: %v", r.err)
+		}
+	}
+	tn.assertSettled(t)
+}
+
+// TestRequestIDFreeOnceItsStreamEnds: a client may send an id again as
+// soon as its last answer came, though a local engine tells the API server
+// of the end only after the stream's last event.
+func TestRequestIDFreeOnceItsStreamEnds(t *testing.T) {
+	tn := startTestNode(t, 1, 0, -1, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	prompt := tn.tok.Tokens("the same id, again and again")
+	sp := engine.SamplingParams{MaxTokens: 2, IgnoreEOS: true}
+	for i := range 50 {
+		s := NewStream()
+		tn.Submit(&Submission{ID: "same", Prompt: prompt, Sampling: sp, Rank: AnyRank, Stream: s, Arrival: time.Now()})
+		if r := collect(ctx, s); r.err != nil || !slices.Equal(r.tokens, tn.expected(prompt, sp)) {
+			t.Fatalf("call %d: %v, %v", i, r.err, r.tokens)
 		}
 	}
 	tn.assertSettled(t)

@@ -111,8 +111,10 @@ type executorExited struct {
 }
 
 type earlyRequest struct {
-	msg    *dpnodev1.AddRequest
-	sender *actor.PID
+	msg *dpnodev1.AddRequest
+	// client is where the outputs go: a local attempt's sink, or the
+	// remote API server that sent the request.
+	client any
 }
 
 // StartError is why an engine could not start its executor: a model that
@@ -187,7 +189,7 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 			return
 		}
 		if e.inFlight == nil {
-			e.reportStats(ctx, nil)
+			e.reportStats(ctx, nil, nil)
 		}
 		if e.waves != nil {
 			e.waves.join(ctx, e)
@@ -200,15 +202,17 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 	}
 	switch msg := ctx.Message().(type) {
 	case *dpnodev1.AddRequest:
-		e.add(ctx, msg, ctx.Sender())
+		e.add(ctx, msg, senderClient(ctx))
+	case *localAdd:
+		e.add(ctx, msg.add, msg.sink)
 	case *dpnodev1.ListRequests:
 		asker := ctx.Sender()
 		ctx.Respond(&dpnodev1.RequestList{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch,
-			RequestIds: e.sched.IDs(func(c any) bool { return asker != nil && c.(*actor.PID).Equal(asker) })})
+			RequestIds: e.sched.IDs(func(c any) bool { return asker != nil && clientOwner(c).Equal(asker) })})
 	case *dpnodev1.AbortRequests:
 		e.sched.Abort(msg.RequestIds...)
 		if e.inFlight == nil {
-			e.reportStats(ctx, nil)
+			e.reportStats(ctx, nil, nil)
 		}
 	case *stepDone:
 		e.finishStep(ctx, msg)
@@ -321,14 +325,14 @@ func (e *EngineActor) executorStarted(ctx actor.Context, msg *executorStarted) {
 		e.waves = newEngineWaves(e.cfg.Rank, ctx.Self().Address)
 	}
 	e.tellAPIServer(ctx, &dpnodev1.EngineReady{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch})
-	e.reportStats(ctx, nil)
+	e.reportStats(ctx, nil, nil)
 	if e.coordinator != nil && e.waves != nil {
 		e.waves.join(ctx, e)
 	}
 	early := e.early
 	e.early = nil
 	for _, r := range early {
-		e.add(ctx, r.msg, r.sender)
+		e.add(ctx, r.msg, r.client)
 	}
 }
 
@@ -348,7 +352,7 @@ func (e *EngineActor) attach(ctx actor.Context) {
 	}
 	e.sentOnce = false
 	if e.inFlight == nil {
-		e.reportStats(ctx, nil)
+		e.reportStats(ctx, nil, nil)
 	}
 }
 
@@ -359,12 +363,16 @@ func (e *EngineActor) receiveStarting(ctx actor.Context) {
 	switch msg := ctx.Message().(type) {
 	case *dpnodev1.AddRequest:
 		if msg.EngineEpoch == e.epoch {
-			e.early = append(e.early, earlyRequest{msg: msg, sender: ctx.Sender()})
+			e.early = append(e.early, earlyRequest{msg: msg, client: senderClient(ctx)})
+		}
+	case *localAdd:
+		if msg.add.EngineEpoch == e.epoch {
+			e.early = append(e.early, earlyRequest{msg: msg.add, client: msg.sink})
 		}
 	case *dpnodev1.ListRequests:
 		ids := []string{}
 		for _, r := range e.early {
-			if r.sender != nil && r.sender.Equal(ctx.Sender()) {
+			if owner := clientOwner(r.client); owner != nil && owner.Equal(ctx.Sender()) {
 				ids = append(ids, r.msg.RequestId)
 			}
 		}
@@ -374,10 +382,21 @@ func (e *EngineActor) receiveStarting(ctx actor.Context) {
 	}
 }
 
-func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest, sender *actor.PID) {
+// senderClient is the client of a request sent by a remote API server:
+// its PID, or nil when it was sent without one.
+func senderClient(ctx actor.Context) any {
+	if sender := ctx.Sender(); sender != nil {
+		return sender
+	}
+	return nil
+}
+
+// add takes a request; client is where its outputs go: a local attempt's
+// sink, or the PID of the remote API server that sent it.
+func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest, client any) {
 	// A request sent without a sender (Send, not Request) has no client to
 	// stream its outputs, or an error, to.
-	if msg.EngineEpoch != e.epoch || sender == nil {
+	if msg.EngineEpoch != e.epoch || client == nil {
 		return
 	}
 	nr := engine.NewRequest{
@@ -386,18 +405,25 @@ func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest, sender *a
 		Output:    msg.OutputTokenIds,
 		Sampling:  samplingFromWire(msg.Sampling),
 		Arrival:   time.Unix(0, msg.ArrivalUnixNano),
-		Client:    sender,
+		Client:    client,
 		Attempt:   msg.Attempt,
 		CacheSalt: msg.CacheSalt,
 	}
 	// Hashes are trusted only from this process: hashes that do not name
 	// their tokens would serve one prompt another's cached KV.
-	if sender.Address == ctx.Self().Address {
+	if owner := clientOwner(client); owner.Address == ctx.Self().Address {
 		nr.BlockHashes = unpackHashes(msg.PromptBlockHashes)
 	}
-	err := e.sched.Add(nr)
-	if err != nil {
-		ctx.Send(sender, &dpnodev1.StepOutputs{
+	if err := e.sched.Add(nr); err != nil {
+		if s, ok := client.(*sink); ok {
+			var rep localOutputs
+			if _, ended := s.deliver(&engine.Output{ID: msg.RequestId, Finish: engine.FinishedError}, err.Error(), time.Now()); ended {
+				rep.refused = append(rep.refused, s)
+			}
+			e.tellLocal(ctx, &rep)
+			return
+		}
+		ctx.Send(client.(*actor.PID), &dpnodev1.StepOutputs{
 			Rank:        uint32(e.cfg.Rank),
 			EngineEpoch: e.epoch,
 			Outputs: []*dpnodev1.RequestOutput{{
@@ -479,15 +505,31 @@ func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
 	e.cfg.Metrics.phases[phaseEngine].Add(time.Since(begin).Seconds())
 }
 
-// sendOutputs sends a step's outputs, one message per API server, with the
-// engine's stats when they changed.
+// sendOutputs delivers a step's outputs: a local attempt's straight to its
+// stream, a remote API server's in one message per API server. The
+// engine's stats go with them when they changed.
 func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 	clients := e.clientsBuf[:0]
-	// One allocation for the step's outputs, not one each: a step of a
-	// busy engine has hundreds.
-	slab := make([]dpnodev1.RequestOutput, len(outs))
+	var local *localOutputs
+	var slab []dpnodev1.RequestOutput
+	now := time.Now()
 	for i := range outs {
 		o := &outs[i]
+		if s, ok := o.Client.(*sink); ok {
+			prefilled, ended := s.deliver(o, "", now)
+			if prefilled || ended {
+				if local == nil {
+					local = &localOutputs{}
+				}
+				if prefilled {
+					local.prefilled = append(local.prefilled, s)
+				}
+				if ended {
+					local.ended = append(local.ended, s)
+				}
+			}
+			continue
+		}
 		pid := o.Client.(*actor.PID)
 		k := 0
 		for k < len(clients) && !clients[k].pid.Equal(pid) {
@@ -498,23 +540,37 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 			// usual, one API server sent them all.
 			clients = append(clients, clientOutputs{pid: pid, outputs: make([]*dpnodev1.RequestOutput, 0, len(outs)-i)})
 		}
-		ro := &slab[i]
+		if len(slab) == 0 {
+			// One allocation for the step's remote outputs, not one
+			// each: a step of a busy engine has hundreds.
+			slab = make([]dpnodev1.RequestOutput, len(outs)-i)
+		}
+		ro := &slab[0]
+		slab = slab[1:]
 		ro.RequestId, ro.NewTokenIds, ro.FinishReason = o.ID, o.NewTokens, finishToWire(o.Finish)
 		ro.NumCachedTokens, ro.Attempt = uint32(o.NumCachedTokens), o.Attempt
 		ro.Logprobs, ro.PromptLogprobs = logprobsToWire(o.Logprobs), logprobsToWire(o.PromptLogprobs)
 		clients[k].outputs = append(clients[k].outputs, ro)
 	}
-	e.reportStats(ctx, clients)
+	e.reportStats(ctx, clients, local)
 	for i := range clients {
 		clients[i] = clientOutputs{}
 	}
 	e.clientsBuf = clients[:0]
 }
 
+// tellLocal sends the node's API server what it needs of the outputs the
+// engine delivered itself.
+func (e *EngineActor) tellLocal(ctx actor.Context, o *localOutputs) {
+	o.rank, o.epoch = e.cfg.Rank, e.epoch
+	ctx.Send(e.cfg.APIServer, o)
+}
+
 // reportStats sends the step's outputs, with the engine's stats attached
 // when they changed; the node's API server gets changed stats even when it
-// had no outputs in the step, and so does the coordinator.
-func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs) {
+// had no outputs in the step, and so does the coordinator. local is what
+// the node's API server needs of the outputs delivered to local attempts.
+func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs, local *localOutputs) {
 	st := e.sched.Stats()
 	var wire *dpnodev1.EngineStats
 	if !e.sentOnce || statsChanged(e.lastSent, st) || e.waveChanged() {
@@ -546,6 +602,14 @@ func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs) {
 			Stats:       wire,
 		})
 		apiTold = apiTold || c.pid.Equal(e.cfg.APIServer)
+	}
+	if local != nil {
+		if !apiTold {
+			local.stats = wire
+			apiTold = true
+		}
+		// The API server sent the local attempts: it is attached.
+		e.tellLocal(ctx, local)
 	}
 	if wire == nil {
 		return

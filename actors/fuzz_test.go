@@ -32,7 +32,7 @@ const (
 
 // peerMessages are the messages a node's actors take from another node:
 // every dpnodev1 message that one of their Receive methods handles, with
-// the actor that handles it. (NodeMeta comes by gossip: see the cluster
+// the actor that handles it. (NodeMeta comes by gossip: see the control
 // package's FuzzGossipMeta. The worker messages go between an engine and
 // its own model worker process, never between nodes. CoordinatorChanged
 // reaches the API server from its own node actor, which is what a peer

@@ -74,7 +74,7 @@ func watchWaveOrder(t *testing.T, rank int) *atomic.Bool {
 	faultHook = func(ctx actor.Context) bool {
 		if self := ctx.Self(); self != nil && self.Id == id {
 			switch ctx.Message().(type) {
-			case *dpnodev1.AddRequest:
+			case *dpnodev1.AddRequest, *localAdd:
 				gotRequest.Store(true)
 			case *dpnodev1.StartWave, *dpnodev1.StepReport:
 				if !gotRequest.Load() {

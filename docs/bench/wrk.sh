@@ -10,11 +10,21 @@
 # at a constant rate of half the bare limit (the median of the wrk runs),
 # 10 s per server, three times: a closed loop's latency only mirrors its
 # throughput. Needs wrk (apt-get install wrk).
+#
+# BEFORE=/path/to/an/older/dpnode adds that build as a third server, in the
+# same rounds: a change measured against what it replaced, side by side.
 source "$(dirname "$0")/common.sh"
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
 "$DPNODE" join --host 127.0.0.1 --port 18000 --bind 127.0.0.1:17946 --data-parallel-rpc-port 0 \
   --sim-time-scale 0 --max-pending-requests 4096 --log-level warn 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!)
 "$DPBENCH" bare --listen 127.0.0.1:18001 >/dev/null & PIDS+=($!)
+targets="bare:18001 dpnode:18000"
+if [ -n "${BEFORE:-}" ]; then
+  "$BEFORE" join --host 127.0.0.1 --port 18002 --bind 127.0.0.1:17947 --data-parallel-rpc-port 0 \
+    --sim-time-scale 0 --max-pending-requests 4096 --log-level warn 2>>/tmp/dpnode-bench/dpnode-before.log & PIDS+=($!)
+  wait_http http://127.0.0.1:18002/health
+  targets="bare:18001 before:18002 dpnode:18000"
+fi
 wait_http http://127.0.0.1:18000/health
 wait_http http://127.0.0.1:18001/v1/models
 lua=/tmp/dpnode-bench/post.lua
@@ -25,7 +35,7 @@ wrk.body = '{"prompt":[1000,1001,1002,1003,1004,1005,1006,1007,1008,1009,1010,10
 LUA
 ROUNDS=${ROUNDS:-6}
 for run in $(seq "$ROUNDS"); do
-  for target in bare:18001 dpnode:18000; do
+  for target in $targets; do
     name=${target%:*} port=${target#*:}
     out=$(wrk -t2 -c64 -d10s -s "$lua" "http://127.0.0.1:$port/v1/completions")
     # Every answer must be a 200: a refusal is fast and would flatter.
@@ -39,7 +49,7 @@ rate=$(awk '$3 == "bare" {print $4}' "$OUT/wrk.txt" | sort -n | awk '{a[NR] = $1
 body=/tmp/dpnode-bench/body.json
 echo '{"prompt":[1000,1001,1002,1003,1004,1005,1006,1007,1008,1009,1010,1011,1012,1013,1014,1015],"max_tokens":16,"ignore_eos":true}' >"$body"
 for run in 1 2 3; do
-  for target in bare:18001 dpnode:18000; do
+  for target in $targets; do
     name=${target%:*} port=${target#*:}
     echo "POST http://127.0.0.1:$port/v1/completions" |
       "$VEGETA" attack -rate "$rate" -duration 10s -body "$body" -header "Content-Type: application/json" -max-workers 256 |

@@ -177,6 +177,10 @@ type APIServerActor struct {
 	roster control.Roster
 }
 
+// maxOutputReserve bounds the room a call's output is given at once: the
+// room for a typical answer, one allocation instead of one per doubling.
+const maxOutputReserve = 512
+
 // rosterUpdate tells the API server of a newer roster.
 type rosterUpdate struct {
 	roster control.Roster
@@ -253,6 +257,9 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 			a.ended(old)
 		}
 		c := &call{sub: msg, p: &progress{}}
+		if n := min(msg.Sampling.MaxTokens, maxOutputReserve); n > 0 {
+			c.p.output = make([]uint32, 0, n)
+		}
 		a.calls[msg.ID] = c
 		a.dispatch(ctx, c)
 	case *Abort:

@@ -128,7 +128,7 @@ type Server struct {
 	// bodies holds the bytes of the request bodies being read; bodyLimits
 	// bounds each body's lists.
 	bodies        bodyBudget
-	bodyLimits    jsonlimit.Limits
+	bodyLimits    *jsonlimit.Checker
 	unknownFields unknownFields
 	// checkedGrammars are grammars the engine has parsed.
 	checkedGrammars grammarSet
@@ -146,7 +146,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, created: time.Now().Unix()}
 	s.bodies.limit = cfg.MaxBodyBytesInFlight
-	s.bodyLimits = s.limitsOfBodies()
+	s.bodyLimits = jsonlimit.NewChecker(s.limitsOfBodies())
 	if err := s.registerMetrics(); err != nil {
 		return nil, err
 	}
@@ -432,7 +432,7 @@ func (s *Server) decode(w http.ResponseWriter, r *http.Request, v any, table *fi
 	// generation, streamed) may take as long as it takes.
 	body := &budgetReader{r: r.Body, budget: &s.bodies}
 	defer body.release()
-	raw, err := jsonlimit.Read(body, s.bodyLimits)
+	raw, err := s.bodyLimits.Read(body)
 	if err == nil {
 		err = json.Unmarshal(raw, v)
 	}

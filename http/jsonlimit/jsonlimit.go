@@ -87,7 +87,40 @@ type Limits struct {
 // invalid UTF-8 inside strings. The memory Read uses beyond the document
 // grows with the depth of nesting, not with the size of the document.
 func Read(r io.Reader, l Limits) ([]byte, error) {
-	s := newScanner(l)
+	return NewChecker(l).Read(r)
+}
+
+// Checker is Limits made ready once to check many documents: the names of
+// its paths are folded when it is made, not for every document. It is
+// safe for concurrent use.
+type Checker struct {
+	l Limits
+	// paths maps each folded path to its limit; nil when there are none.
+	paths map[string]int
+}
+
+// NewChecker prepares l for Read.
+func NewChecker(l Limits) *Checker {
+	c := &Checker{l: l}
+	if len(l.Paths) > 0 {
+		c.paths = make(map[string]int, len(l.Paths))
+		for p, n := range l.Paths {
+			k := string(appendFolded(nil, []byte(p)))
+			n = max(n, 0)
+			if old, ok := c.paths[k]; ok {
+				n = tighter(old, n)
+			}
+			c.paths[k] = n
+		}
+	}
+	return c
+}
+
+// Read reads and checks one document from r, as the function Read does
+// with c's limits.
+func (c *Checker) Read(r io.Reader) ([]byte, error) {
+	l := c.l
+	s := newScanner(c)
 	var buf []byte
 	empty := 0
 	for {
@@ -253,24 +286,14 @@ type scanner struct {
 	lit              string
 }
 
-func newScanner(l Limits) *scanner {
-	s := &scanner{maxDepth: l.MaxDepth, def: max(l.Default, 0), containers: -1}
+func newScanner(c *Checker) *scanner {
+	l := c.l
+	s := &scanner{maxDepth: l.MaxDepth, def: max(l.Default, 0), containers: -1, paths: c.paths}
 	if l.MaxContainers > 0 {
 		s.containers, s.maxContainers = l.MaxContainers, l.MaxContainers
 	}
 	if s.maxDepth <= 0 {
 		s.maxDepth = defaultMaxDepth
-	}
-	if len(l.Paths) > 0 {
-		s.paths = make(map[string]int, len(l.Paths))
-		for p, n := range l.Paths {
-			k := string(appendFolded(nil, []byte(p)))
-			n = max(n, 0)
-			if old, ok := s.paths[k]; ok {
-				n = tighter(old, n)
-			}
-			s.paths[k] = n
-		}
 	}
 	return s
 }

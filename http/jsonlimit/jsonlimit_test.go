@@ -353,7 +353,7 @@ func TestPathMemoryBounded(t *testing.T) {
 	short, long := strings.Repeat("k", 300), strings.Repeat("k", 20000)
 	doc := []byte(strings.Repeat(`{"`+short+`":`, 2) + `{"` + long + `":` + strings.Repeat(`{"`+short+`":`, 50) +
 		"1" + strings.Repeat("}", 53))
-	s := newScanner(Limits{MaxDepth: 200, Paths: map[string]int{"x": 1}})
+	s := newScanner(NewChecker(Limits{MaxDepth: 200, Paths: map[string]int{"x": 1}}))
 	if err := s.scan(doc, 0); err != nil {
 		t.Fatal(err)
 	}

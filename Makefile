@@ -57,19 +57,19 @@ proto-check: proto
 # chromium; or CHROMIUM=path), headless, over a two-node cluster. It
 # prints where it saved its screenshot.
 browser-test:
-	go test -tags browser -run TestClusterPageInABrowser -timeout 5m -v -count=1 ./cluster
+	go test -tags browser -run TestClusterPageInABrowser -timeout 5m -v -count=1 ./node
 
 # The fault-injection suite: load on a three-node cluster while engines,
 # actors and nodes crash, hang and lose their network (nftables, as root).
 # CI runs a short form; CHAOS_DURATION=10m is the full one.
 CHAOS_DURATION ?= 10m
 chaos:
-	go test -tags chaos -run TestChaos -timeout 30m -v -count=1 ./cluster -chaos.duration=$(CHAOS_DURATION)
+	go test -tags chaos -run TestChaos -timeout 30m -v -count=1 ./node -chaos.duration=$(CHAOS_DURATION)
 
 # The chaos suite on the llama.cpp engine: the test model on every rank,
 # and model and tokenizer workers killed among the other faults.
 chaos-llamacpp: llamacpp
-	$(LLAMACPP_TEST_ENV) go test -tags 'chaos llamacpp' -run TestChaos -timeout 30m -v -count=1 ./cluster \
+	$(LLAMACPP_TEST_ENV) go test -tags 'chaos llamacpp' -run TestChaos -timeout 30m -v -count=1 ./node \
 		-chaos.duration=$(CHAOS_DURATION) -chaos.engine=llamacpp
 
 # Every Go fuzz target of the module (found by go test -list, so new ones
@@ -155,13 +155,13 @@ testmodel: $(LLAMACPP_SRC)/include/llama.h
 LLAMACPP_TEST_ENV = DPNODE_LLAMACPP_SRC=$(LLAMACPP_SRC) DPNODE_LLAMACPP_WORKER=$(CURDIR)/bin/dpnode-llama-worker \
 	CGO_CFLAGS="$(LLAMACPP_CGO_CFLAGS)" CGO_LDFLAGS='$(LLAMACPP_CGO_LDFLAGS)'
 llamacpp-test: llamacpp
-	$(LLAMACPP_TEST_ENV) go vet -tags llamacpp ./engine/llamacpp/... ./engine/grammar/ ./cmd/dpnode-llama-worker ./http/ ./cluster/
-	$(LLAMACPP_TEST_ENV) go vet -tags 'chaos llamacpp' ./cluster/
+	$(LLAMACPP_TEST_ENV) go vet -tags llamacpp ./engine/llamacpp/... ./engine/grammar/ ./cmd/dpnode-llama-worker ./http/ ./node/
+	$(LLAMACPP_TEST_ENV) go vet -tags 'chaos llamacpp' ./node/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m ./engine/llamacpp/...
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'ChatTemplates|ContentAsText' ./http/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'LlamaCpp' ./engine/grammar/
-	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m -run 'LlamaCpp' ./cluster/
-	$(LLAMACPP_TEST_ENV) go test -tags 'chaos llamacpp' -race -count=1 -timeout 10m -run 'LlamaCppAPIServerCrash' ./cluster/
+	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m -run 'LlamaCpp' ./node/
+	$(LLAMACPP_TEST_ENV) go test -tags 'chaos llamacpp' -race -count=1 -timeout 10m -run 'LlamaCppAPIServerCrash' ./node/
 
 clean:
 	rm -rf bin

@@ -14,6 +14,17 @@
 // peer's certificate; seal.go signs and checks what nodes gossip under it
 // (Seal); ca.go is the CA that dpnode certs writes.
 //
+// Where a change goes. How ranks are given out, committed and released:
+// roster.go. Who leads and when there is a quorum: election.go. Who may
+// join, and what a node gossips: delegate.go and gossip.go. Certificates
+// and signatures: tls.go, seal.go, ca.go. How the leader's node acts on
+// these decisions (it receives the claims, publishes the rosters, sweeps
+// joining holds, probes peers) is the node actor's: actors/node_authority.go
+// and actors/node_liveness.go. Those are actor behaviour (messages,
+// timers, watched processes), so they stay beside the actors they drive;
+// every decision they apply is a pure function here, and this package
+// imports no actors.
+//
 // Two words are kept apart. The leader is the node that decides the
 // roster. The coordinator is vLLM's DP coordinator: the actor that gathers
 // the ranks' loads, publishes snapshots and steps expert-parallel waves.

@@ -24,7 +24,7 @@ import (
 )
 
 // gossipNode is the node FuzzGossipMeta hands membership events to, as
-// cluster.Start wires it: ranks 0 and 1 of 4, balancing over the cluster
+// node.Start wires it: ranks 0 and 1 of 4, balancing over the cluster
 // (internal mode), on the simulated zero-cost executor.
 type gossipNode struct {
 	node *actors.Node
@@ -91,7 +91,7 @@ func (g *gossipNode) serves(what string) error {
 // (memberlist.Node.Meta), to the delegate that decides on peers: the
 // merge and alive checks must refuse what does not decode, the join,
 // update and leave notices must ignore it, and a peer they admit is handed
-// to a running node, as cluster.Start wires it (OnEvent is Node.MemberEvent),
+// to a running node, as node.Start wires it (OnEvent is Node.MemberEvent),
 // which must go on serving: answer a view, serve a request.
 func FuzzGossipMeta(f *testing.F) {
 	addGossipSeeds(f)

@@ -20,8 +20,8 @@ import (
 	"go.uber.org/goleak"
 
 	dpnode "github.com/dpnode/dpnode"
-	"github.com/dpnode/dpnode/cluster"
 	"github.com/dpnode/dpnode/engine/sim"
+	"github.com/dpnode/dpnode/node"
 )
 
 const (
@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 }
 
 type testServer struct {
-	run    *cluster.Running
+	run    *node.Running
 	base   string
 	http   *http.Client
 	client openai.Client
@@ -45,9 +45,9 @@ type testServer struct {
 
 // startServer runs a whole node in process on a loopback port: two ranks
 // of the simulated 8B profile at timeScale.
-func startServer(t testing.TB, timeScale float64, mutate ...func(*cluster.Options)) *testServer {
+func startServer(t testing.TB, timeScale float64, mutate ...func(*node.Options)) *testServer {
 	t.Helper()
-	o := cluster.DefaultOptions()
+	o := node.DefaultOptions()
 	o.Host, o.Port = "127.0.0.1", 0
 	o.Bind, o.RPCPort = "127.0.0.1:0", 0
 	o.SimTimeScale = timeScale
@@ -58,7 +58,7 @@ func startServer(t testing.TB, timeScale float64, mutate ...func(*cluster.Option
 	for _, f := range mutate {
 		f(&o)
 	}
-	run, err := cluster.Start(o)
+	run, err := node.Start(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,7 +269,7 @@ func TestOpenAIClient(t *testing.T) {
 }
 
 func TestBadInputGetsOpenAIErrors(t *testing.T) {
-	ts := startServer(t, 0.01, func(o *cluster.Options) { o.MaxModelLen = 4096 })
+	ts := startServer(t, 0.01, func(o *node.Options) { o.MaxModelLen = 4096 })
 	good := `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}],"max_tokens":3}`
 	cases := []struct {
 		name, path, body string

@@ -33,7 +33,7 @@ const fuzzRequestBound = 20 * time.Second
 
 // newFuzzServer starts one in-process node, two ranks of the simulated 8B
 // profile on the zero-cost executor, and a Server in front of it, as
-// cluster.Start wires them (the engines' context length is the server's).
+// node.Start wires them (the engines' context length is the server's).
 // It lives until the fuzz target ends: starting a node per input would
 // cost more than the input.
 func newFuzzServer(f *testing.F) (*Server, *actors.Node) {

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/dpnode/dpnode/actors"
-	"github.com/dpnode/dpnode/cluster"
 	httpapi "github.com/dpnode/dpnode/http"
+	"github.com/dpnode/dpnode/node"
 )
 
 // TestListsOverTheirLimitsAreRefused sends each list a hostile client
@@ -99,7 +99,7 @@ func TestListsOverTheirLimitsAreRefused(t *testing.T) {
 func TestOverloadSheds503sAndStaysResponsive(t *testing.T) {
 	const ranks, seqs = 2, 2
 	const capacity = ranks * seqs // --max-pending-requests 0: none wait
-	ts := startServer(t, 1, func(o *cluster.Options) {
+	ts := startServer(t, 1, func(o *node.Options) {
 		o.GPUs, o.MaxNumSeqs, o.MaxNumBatchedTokens, o.MaxPendingRequests = ranks, seqs, 64, 0
 	})
 	long := `{"prompt":"a long story","max_tokens":20000,"ignore_eos":true,"stream":true}`
@@ -203,7 +203,7 @@ func TestOverloadSheds503sAndStaysResponsive(t *testing.T) {
 // that streams for longer than the read timeout is not cut.
 func TestSlowClientsAreCutOff(t *testing.T) {
 	timeouts := httpapi.Timeouts{ReadHeader: 300 * time.Millisecond, Read: 600 * time.Millisecond, Idle: 300 * time.Millisecond}
-	ts := startServer(t, 1, func(o *cluster.Options) { o.HTTPTimeouts = timeouts })
+	ts := startServer(t, 1, func(o *node.Options) { o.HTTPTimeouts = timeouts })
 	// closedWithin sends what, then reads until the server closes the
 	// connection, which must happen within limit.
 	closedWithin := func(t *testing.T, what string, limit time.Duration) {
@@ -271,7 +271,7 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 // is a miss for another salt and for none, and a hit for its own, found by
 // the block hashes the balancer computed and handed to the engine.
 func TestCacheSaltKeepsTenantsApart(t *testing.T) {
-	ts := startServer(t, 0, func(o *cluster.Options) { o.GPUs = 1 })
+	ts := startServer(t, 0, func(o *node.Options) { o.GPUs = 1 })
 	prompt := strings.Repeat("a system prompt only tenant a has sent ", 20)
 	cached := func(salt string) int {
 		t.Helper()
@@ -314,7 +314,7 @@ func TestCacheSaltKeepsTenantsApart(t *testing.T) {
 // nothing. Within the write timeout its request is aborted and its
 // connection closed, and other clients are served again.
 func TestClientThatReadsNothingIsDropped(t *testing.T) {
-	ts := startServer(t, 0, func(o *cluster.Options) {
+	ts := startServer(t, 0, func(o *node.Options) {
 		o.GPUs, o.MaxNumSeqs, o.MaxPendingRequests = 1, 128, 0
 		o.HTTPTimeouts.Write = 3 * time.Second
 	})
@@ -376,7 +376,7 @@ func TestClientThatReadsNothingIsDropped(t *testing.T) {
 // 503, and no more than the cap and the reserve stay open.
 func TestConnectionCap(t *testing.T) {
 	const capped = 8
-	ts := startServer(t, 1, func(o *cluster.Options) { o.MaxConnections = capped })
+	ts := startServer(t, 1, func(o *node.Options) { o.MaxConnections = capped })
 	dial := func() net.Conn {
 		c, err := net.Dial("tcp", ts.run.Addr())
 		if err != nil {

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	dpnode "github.com/dpnode/dpnode"
-	"github.com/dpnode/dpnode/cluster"
+	"github.com/dpnode/dpnode/node"
 )
 
 // runArgs runs dpbench with args and returns its report and output.
@@ -46,23 +46,23 @@ func runArgs(t *testing.T, args ...string) (report, string) {
 // and a closed loop, and checks the counts, the latencies and the spread
 // read from its metrics.
 func TestAgainstARealNode(t *testing.T) {
-	o := cluster.DefaultOptions()
+	o := node.DefaultOptions()
 	o.Host, o.Port = "127.0.0.1", 0
 	o.Bind, o.RPCPort = "127.0.0.1:0", 0
 	o.SimTimeScale = 0.05
 	o.Profiles = dpnode.SimProfiles
 	o.Logger = slog.New(slog.DiscardHandler)
-	node, err := cluster.Start(o)
+	run, err := node.Start(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := node.Shutdown(); err != nil {
+		if err := run.Shutdown(); err != nil {
 			t.Error(err)
 		}
 	})
 	svg := filepath.Join(t.TempDir(), "latency.svg")
-	rep, table := runArgs(t, "--url", "http://"+node.Addr(), "--rate", "40", "--concurrency", "8", "--requests", "60",
+	rep, table := runArgs(t, "--url", "http://"+run.Addr(), "--rate", "40", "--concurrency", "8", "--requests", "60",
 		"--input-len", "uniform:20,200", "--output-len", "uniform:5,30", "--prefix-groups", "2", "--prefix-len", "64", "--plot", svg, "--detail")
 	if len(rep.Runs) != 2 {
 		t.Fatalf("%d runs, want an open and a closed loop", len(rep.Runs))

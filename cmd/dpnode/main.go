@@ -18,10 +18,10 @@ import (
 	"github.com/spf13/cobra"
 
 	dpnode "github.com/dpnode/dpnode"
-	"github.com/dpnode/dpnode/cluster"
 	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine/llamacpp"
+	"github.com/dpnode/dpnode/node"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -195,7 +195,7 @@ func envList(name string) []string {
 // newJoinCommand is dpnode join: its help, and the table of its flags,
 // which reads best in one place, as --help lists them.
 func newJoinCommand() *cobra.Command {
-	o := cluster.DefaultOptions()
+	o := node.DefaultOptions()
 	var logLevel string
 	cmd := &cobra.Command{
 		Use:   "join",
@@ -218,7 +218,7 @@ calibrated simulated executor.`,
 			o.PortSet = cmd.Flags().Changed("port")
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			return cluster.Run(ctx, o)
+			return node.Run(ctx, o)
 		},
 	}
 	f := cmd.Flags()
@@ -235,7 +235,7 @@ calibrated simulated executor.`,
 	f.BoolVar(&o.Headless, "headless", false, "host ranks without an API server (internal mode)")
 	f.StringSliceVar(&o.Seeds, "seeds", nil, "gossip addresses (host:port) of cluster members to join; a host name seeds from every address it resolves to (a headless Service); none starts a new cluster")
 	f.StringVar(&o.NodeID, "node-id", "", "this node's identity in the roster, stable when it restarts at another address (Kubernetes: the pod's name); unique per node (default: its gossip address)")
-	f.StringVar(&o.Founder, "founder", "", "with --seeds, the node that starts the cluster when none of its seeds answers: "+cluster.FirstOrdinal+" (the host whose name ends in -0, a StatefulSet's first pod) or a host name; the others keep trying until --join-timeout")
+	f.StringVar(&o.Founder, "founder", "", "with --seeds, the node that starts the cluster when none of its seeds answers: "+node.FirstOrdinal+" (the host whose name ends in -0, a StatefulSet's first pod) or a host name; the others keep trying until --join-timeout")
 	f.StringVar(&o.Bind, "bind", o.Bind, "gossip address (host:port); the actor transport listens on the same host. Beyond loopback it needs --gossip-key and cluster TLS (dpnode certs)")
 	f.StringVar(&o.Advertise, "advertise", "", "address (host[:port]) other nodes reach this one at (default: the bind host, or a private IP)")
 	f.IntVar(&o.RPCPort, "data-parallel-rpc-port", o.RPCPort, "port of the actor transport between nodes")

@@ -19,10 +19,10 @@ import (
 	"time"
 
 	dpnode "github.com/dpnode/dpnode"
-	"github.com/dpnode/dpnode/cluster"
 	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/sim"
+	"github.com/dpnode/dpnode/node"
 )
 
 // buildDpnode compiles the command once per test binary.
@@ -255,11 +255,11 @@ func TestCertsThenAClusterOffLoopbackMayStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := cluster.DefaultOptions()
+	o := node.DefaultOptions()
 	o.Bind, o.GossipKey = "0.0.0.0:7946", strings.TrimSpace(string(key))
 	o.TLS = control.TLSFiles{Cert: filepath.Join(dir, "node-c.pem"), Key: filepath.Join(dir, "node-c-key.pem"), CA: filepath.Join(dir, "ca.pem")}
 	o.Profiles = dpnode.SimProfiles
-	if err := cluster.CheckOptions(o); err != nil {
+	if err := node.CheckOptions(o); err != nil {
 		t.Fatalf("a node with the files dpnode certs wrote: %v", err)
 	}
 }

@@ -106,7 +106,7 @@ func descName(d *prometheus.Desc) (string, error) {
 
 // exportedSeries are the series dpnode's /metrics has, each with its
 // family: the node's (actors.NewMetrics), the API server's (httpapi.New),
-// and the Go and process collectors that cluster.Start registers beside
+// and the Go and process collectors that node.Start registers beside
 // them.
 func exportedSeries() (map[string]string, error) {
 	r := &seriesRecorder{family: map[string]string{}}

@@ -215,7 +215,7 @@ type openPort struct {
 }
 
 // openPorts are the ports dpnode join listens on with these flags, as
-// cluster.Start opens them: the HTTP port unless headless, the metrics port
+// node.Start opens them: the HTTP port unless headless, the metrics port
 // when set, gossip (memberlist: TCP and UDP) on the --bind port, and the
 // actor transport on --data-parallel-rpc-port.
 func (a *joinArgs) openPorts() ([]openPort, error) {

@@ -294,7 +294,7 @@ func (p *pod) checkProbes() []error {
 	return errs
 }
 
-// How long a node takes to stop beyond its drain, as cluster.Running's
+// How long a node takes to stop beyond its drain, as node.Running's
 // shutdown bounds it: giving its ranks back (releaseTimeout, with
 // --leave-on-terminate), closing the HTTP server, leaving gossip.
 const (

@@ -9,11 +9,11 @@
 #   saturated  the coordinator's node pinned to one core with four busy
 #              loops for 10 s: failovers that should not happen.
 # TRIES (default 10) tries of each. The benchmark is BenchmarkFailover in
-# cluster/failover_bench_test.go.
+# node/failover_bench_test.go.
 set -euo pipefail
 export GOTOOLCHAIN="${GOTOOLCHAIN:-go1.27.3}"
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-docs/bench/results}
 TRIES=${TRIES:-10}
 mkdir -p "$OUT"
-go test ./cluster -run '^$' -bench '^BenchmarkFailover$' -benchtime "${TRIES}x" -timeout 60m | tee "$OUT/failover.txt"
+go test ./node -run '^$' -bench '^BenchmarkFailover$' -benchtime "${TRIES}x" -timeout 60m | tee "$OUT/failover.txt"

@@ -1,6 +1,6 @@
 //go:build llamacpp
 
-package cluster_test
+package node_test
 
 import (
 	"bufio"
@@ -26,24 +26,24 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/dpnode/dpnode/cluster"
 	"github.com/dpnode/dpnode/engine/llamacpp"
 	"github.com/dpnode/dpnode/engine/llamacpp/llamacpptest"
 	"github.com/dpnode/dpnode/engine/llamacpp/sampling"
+	"github.com/dpnode/dpnode/node"
 )
 
 // llamaNode is an in-process node serving the test model with the
 // llama.cpp engine.
 type llamaNode struct {
-	run  *cluster.Running
+	run  *node.Running
 	base string
 	http *http.Client
 }
 
-func startLlamaNode(t *testing.T, mutate ...func(*cluster.Options)) *llamaNode {
+func startLlamaNode(t *testing.T, mutate ...func(*node.Options)) *llamaNode {
 	t.Helper()
 	llamacpptest.Worker(t)
-	o := cluster.DefaultOptions()
+	o := node.DefaultOptions()
 	o.Host, o.Port = "127.0.0.1", 0
 	o.Bind, o.RPCPort = "127.0.0.1:0", 0
 	o.Engine = "llamacpp"
@@ -57,7 +57,7 @@ func startLlamaNode(t *testing.T, mutate ...func(*cluster.Options)) *llamaNode {
 	for _, f := range mutate {
 		f(&o)
 	}
-	run, err := cluster.Start(o)
+	run, err := node.Start(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,7 +355,7 @@ func TestLlamaCppOutputDoesNotDependOnHowItIsServed(t *testing.T) {
 		}
 	})
 	t.Run("in chunks of 16 tokens", func(t *testing.T) {
-		n := startLlamaNode(t, func(o *cluster.Options) { o.MaxNumBatchedTokens, o.MaxNumSeqs = 16, 16 })
+		n := startLlamaNode(t, func(o *node.Options) { o.MaxNumBatchedTokens, o.MaxNumSeqs = 16, 16 })
 		if got, _ := n.greedy(t, target, 64); !slices.Equal(got, want[5]) {
 			t.Fatalf("chunked: %v\nwant %v", got, want[5])
 		}
@@ -363,7 +363,7 @@ func TestLlamaCppOutputDoesNotDependOnHowItIsServed(t *testing.T) {
 	t.Run("one sequence at a time", func(t *testing.T) {
 		// Room for one stream of 512 tokens: the 32 requests take turns
 		// on it, each reusing the cells the one before gave back.
-		n := startLlamaNode(t, func(o *cluster.Options) { o.KVCacheMemory, o.MaxModelLen, o.GPUs = "400KiB", 512, 1 })
+		n := startLlamaNode(t, func(o *node.Options) { o.KVCacheMemory, o.MaxModelLen, o.GPUs = "400KiB", 512, 1 })
 		got := make([][]uint32, len(ps))
 		var wg sync.WaitGroup
 		for i, p := range ps {
@@ -399,7 +399,7 @@ func TestLlamaCppOutputDoesNotDependOnHowItIsServed(t *testing.T) {
 // densely) draws with the same per-token seed from llama.cpp's own logits
 // for the prompt and the tokens before it, from the reference program.
 func TestLlamaCppDrawsAreVLLMsOnLlamaCppLogits(t *testing.T) {
-	n := startLlamaNode(t, func(o *cluster.Options) { o.GPUs = 1 })
+	n := startLlamaNode(t, func(o *node.Options) { o.GPUs = 1 })
 	ps := prompts(4)
 	const maxTokens = 16
 	for i, c := range []struct {
@@ -490,7 +490,7 @@ func TestLlamaCppPenaltiesFollowTheRequest(t *testing.T) {
 // own tokens (dpnode_engine_computed_tokens_total), and the prefix cache
 // counts the reuse.
 func TestLlamaCppSharedPrefixIsComputedOnce(t *testing.T) {
-	n := startLlamaNode(t, func(o *cluster.Options) { o.GPUs = 1 })
+	n := startLlamaNode(t, func(o *node.Options) { o.GPUs = 1 })
 	prefix := prompts(1)[0][:1]
 	for j := range 1999 {
 		prefix = append(prefix, uint32(1000+(j*7)%5000))
@@ -523,24 +523,24 @@ func TestLlamaCppSharedPrefixIsComputedOnce(t *testing.T) {
 func TestLlamaCppFlagsAndModelsItCannotServe(t *testing.T) {
 	cases := []struct {
 		name   string
-		mutate func(*cluster.Options)
+		mutate func(*node.Options)
 		want   string
 	}{
-		{"expert parallelism", func(o *cluster.Options) { o.ExpertParallel = true }, "llama.cpp has no expert-parallel API"},
-		{"no model", func(o *cluster.Options) { o.Model = "" }, "needs --model"},
-		{"missing model", func(o *cluster.Options) { o.Model = "/nonexistent/model.gguf" }, "/nonexistent/model.gguf"},
-		{"context over the model's", func(o *cluster.Options) { o.MaxModelLen = 100000 }, "longer than the context"},
-		{"KV cache too small", func(o *cluster.Options) { o.KVCacheMemory = "64KiB" }, "less than one sequence"},
-		{"bad size", func(o *cluster.Options) { o.KVCacheMemory = "lots" }, "not a size in bytes"},
+		{"expert parallelism", func(o *node.Options) { o.ExpertParallel = true }, "llama.cpp has no expert-parallel API"},
+		{"no model", func(o *node.Options) { o.Model = "" }, "needs --model"},
+		{"missing model", func(o *node.Options) { o.Model = "/nonexistent/model.gguf" }, "/nonexistent/model.gguf"},
+		{"context over the model's", func(o *node.Options) { o.MaxModelLen = 100000 }, "longer than the context"},
+		{"KV cache too small", func(o *node.Options) { o.KVCacheMemory = "64KiB" }, "less than one sequence"},
+		{"bad size", func(o *node.Options) { o.KVCacheMemory = "lots" }, "not a size in bytes"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			o := cluster.DefaultOptions()
+			o := node.DefaultOptions()
 			o.Host, o.Port, o.Bind, o.RPCPort = "127.0.0.1", 0, "127.0.0.1:0", 0
 			o.Engine, o.Model, o.Threads, o.GPUs = "llamacpp", llamacpptest.Model(t), 1, 1
 			o.Logger = slog.New(slog.DiscardHandler)
 			c.mutate(&o)
-			run, err := cluster.Start(o)
+			run, err := node.Start(o)
 			if err == nil {
 				run.Shutdown()
 				t.Fatalf("started; want an error containing %q", c.want)
@@ -576,7 +576,7 @@ func TestLlamaCppChatTemplates(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	n := startLlamaNode(t, func(o *cluster.Options) { o.Model, o.GPUs = path, 1 })
+	n := startLlamaNode(t, func(o *node.Options) { o.Model, o.GPUs = path, 1 })
 	if code, body := chat(n); code != http.StatusBadRequest || !strings.Contains(body, "--chat-template") {
 		t.Fatalf("chat without a template: %d %s", code, body)
 	}
@@ -590,7 +590,7 @@ func TestLlamaCppChatTemplates(t *testing.T) {
 	if err := os.WriteFile(tmpl, []byte(llamacpptest.Template(t, "Qwen-Qwen2.5-7B-Instruct")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	n = startLlamaNode(t, func(o *cluster.Options) { o.Model, o.GPUs, o.ChatTemplate = path, 1, tmpl })
+	n = startLlamaNode(t, func(o *node.Options) { o.Model, o.GPUs, o.ChatTemplate = path, 1, tmpl })
 	if code, body := chat(n); code != http.StatusOK {
 		t.Fatalf("chat with --chat-template: %d %s", code, body)
 	}

@@ -1,4 +1,4 @@
-package cluster_test
+package node_test
 
 import (
 	"context"

@@ -1,6 +1,6 @@
 //go:build chaos
 
-package cluster_test
+package node_test
 
 import (
 	"context"

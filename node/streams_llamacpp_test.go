@@ -1,6 +1,6 @@
 //go:build llamacpp
 
-package cluster_test
+package node_test
 
 import (
 	"bufio"

@@ -1,6 +1,6 @@
 //go:build browser
 
-package cluster_test
+package node_test
 
 import (
 	"cmp"

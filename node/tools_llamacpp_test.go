@@ -1,6 +1,6 @@
 //go:build llamacpp
 
-package cluster_test
+package node_test
 
 import (
 	"context"
@@ -16,8 +16,8 @@ import (
 	"github.com/openai/openai-go/v3/shared"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
-	"github.com/dpnode/dpnode/cluster"
 	"github.com/dpnode/dpnode/engine/llamacpp/llamacpptest"
+	"github.com/dpnode/dpnode/node"
 )
 
 // The tools of the tool tests: bounded strings and numbers, an enum, a
@@ -119,7 +119,7 @@ func TestLlamaCppToolCallsWithTheSDK(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			model := llamacpptest.FamilyModel(t, f.vocab, f.template)
-			n := startLlamaNode(t, func(o *cluster.Options) {
+			n := startLlamaNode(t, func(o *node.Options) {
 				o.Model, o.GPUs = model, 1
 				o.ToolCallParser, o.EnableAutoToolChoice = f.name, f.name != ""
 			})
@@ -213,7 +213,7 @@ func TestLlamaCppToolCallsWithTheSDK(t *testing.T) {
 // (more prompt tokens with them), auto needs the server's flags, and bad
 // tool fields are 400s that name the field.
 func TestLlamaCppToolsReachThePrompt(t *testing.T) {
-	n := startLlamaNode(t, func(o *cluster.Options) { o.GPUs = 1 })
+	n := startLlamaNode(t, func(o *node.Options) { o.GPUs = 1 })
 	tools := []map[string]any{{"type": "function", "function": map[string]any{"name": "get_weather",
 		"parameters": json.RawMessage(testTools["get_weather"])}}}
 	msgs := []map[string]any{{"role": "user", "content": "Weather in Paris?"}}

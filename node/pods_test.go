@@ -1,4 +1,4 @@
-package cluster_test
+package node_test
 
 import (
 	"fmt"
@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dpnode/dpnode/cluster"
+	"github.com/dpnode/dpnode/node"
 )
 
 // spawnPod starts dpnode as a StatefulSet's pod: in its own UTS and mount
@@ -53,7 +53,7 @@ func TestPodsStartInAnyOrder(t *testing.T) {
 	pod := func(i int, ip string) *proc {
 		name := fmt.Sprintf("dpnode-%d", i)
 		return spawnPod(t, ip, name, hosts, nodeArgs(ip, "--host", ip, "--port", "0", "--node-id", name,
-			"--seeds", "dpnode:7946", "--founder", cluster.FirstOrdinal, "--join-timeout", "2m",
+			"--seeds", "dpnode:7946", "--founder", node.FirstOrdinal, "--join-timeout", "2m",
 			"--data-parallel-size", "6", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "auto")...)
 	}
 	p1 := pod(1, ips[1])

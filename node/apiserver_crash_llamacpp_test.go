@@ -1,6 +1,6 @@
 //go:build chaos && llamacpp
 
-package cluster_test
+package node_test
 
 import (
 	"net/http"
@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dpnode/dpnode/cluster"
 	"github.com/dpnode/dpnode/engine/llamacpp/llamacpptest"
+	"github.com/dpnode/dpnode/node"
 )
 
 // TestLlamaCppAPIServerCrashRestartsNoWorker crashes the API server of a
@@ -20,7 +20,7 @@ import (
 // seconds here, minutes for a real one), and every stream finishes with
 // llama.cpp's own tokens, none failed.
 func TestLlamaCppAPIServerCrashRestartsNoWorker(t *testing.T) {
-	n := startLlamaNode(t, func(o *cluster.Options) { o.AdminAPIKeys = []string{testAdminKey} })
+	n := startLlamaNode(t, func(o *node.Options) { o.AdminAPIKeys = []string{testAdminKey} })
 	ps := prompts(8)
 	const maxTokens = 64
 	want := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", maxTokens, ps)

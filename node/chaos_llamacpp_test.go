@@ -1,6 +1,6 @@
 //go:build chaos && llamacpp
 
-package cluster_test
+package node_test
 
 import (
 	"encoding/json"

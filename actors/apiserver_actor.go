@@ -248,20 +248,7 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		a.stopping = true
 		a.detach(ctx)
 	case *Submission:
-		if old, dup := a.calls[msg.ID]; dup {
-			if !old.p.done() {
-				msg.Stream.push(Event{Index: msg.Index, Finish: engine.FinishedError, Err: fmt.Errorf("actors: request id %q is already in flight", msg.ID)})
-				return
-			}
-			// Ended at a local engine, whose word of it is on its way.
-			a.ended(old)
-		}
-		c := &call{sub: msg, p: &progress{}}
-		if n := min(msg.Sampling.MaxTokens, maxOutputReserve); n > 0 {
-			c.p.output = make([]uint32, 0, n)
-		}
-		a.calls[msg.ID] = c
-		a.dispatch(ctx, c)
+		a.submit(ctx, msg)
 	case *Abort:
 		a.abort(ctx, msg)
 	case *dpnodev1.StepOutputs:
@@ -309,7 +296,6 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 		a.terminated(ctx, msg.Who)
 	case *getView:
 		ctx.Respond(a.view())
-
 	case *awaitReady:
 		if a.allReady {
 			ctx.Respond(&ready{})
@@ -317,6 +303,24 @@ func (a *APIServerActor) Receive(ctx actor.Context) {
 			a.readyWaiters = append(a.readyWaiters, ctx.Sender())
 		}
 	}
+}
+
+// submit takes a client's request in and sends it to a rank.
+func (a *APIServerActor) submit(ctx actor.Context, msg *Submission) {
+	if old, dup := a.calls[msg.ID]; dup {
+		if !old.p.done() {
+			msg.Stream.push(Event{Index: msg.Index, Finish: engine.FinishedError, Err: fmt.Errorf("actors: request id %q is already in flight", msg.ID)})
+			return
+		}
+		// Ended at a local engine, whose word of it is on its way.
+		a.ended(old)
+	}
+	c := &call{sub: msg, p: &progress{}}
+	if n := min(msg.Sampling.MaxTokens, maxOutputReserve); n > 0 {
+		c.p.output = make([]uint32, 0, n)
+	}
+	a.calls[msg.ID] = c
+	a.dispatch(ctx, c)
 }
 
 // loadSnapshot takes a load snapshot in. Only the coordinator this node

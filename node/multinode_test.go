@@ -72,11 +72,13 @@ func TestReferenceScenarioHybrid(t *testing.T) {
 // node on ipA with ranks 0-1 and a headless node on ipB with ranks 2-3. It
 // returns once the API node balances over all four. Steps run in real
 // time: a simulated step much shorter than a network round trip would
-// make remote ranks look slow, which no GPU step is.
-func startInternalPair(t *testing.T, ipA, ipB string) (a, b *proc) {
+// make remote ranks look slow, which no GPU step is. extraA are more
+// flags for the API node.
+func startInternalPair(t *testing.T, ipA, ipB string, extraA ...string) (a, b *proc) {
 	t.Helper()
-	a = startProc(t, ipA, nodeArgs(ipA, "--host", ipA, "--port", "0", "--sim-time-scale", "1",
-		"--data-parallel-lb", "internal", "--data-parallel-size", "4", "--data-parallel-size-local", "2")...)
+	argsA := append([]string{"--host", ipA, "--port", "0", "--sim-time-scale", "1",
+		"--data-parallel-lb", "internal", "--data-parallel-size", "4", "--data-parallel-size-local", "2"}, extraA...)
+	a = startProc(t, ipA, nodeArgs(ipA, argsA...)...)
 	b = startProc(t, ipB, nodeArgs(ipB, "--headless", "--sim-time-scale", "1",
 		"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "2",
 		"--seeds", ipA+":7946")...)
@@ -92,8 +94,13 @@ func startInternalPair(t *testing.T, ipA, ipB string) (a, b *proc) {
 	return a, b
 }
 
+// TestInternalModeReachesEveryRank: the API node sends requests to every
+// rank, its own and the headless node's. It balances round robin: the live
+// policy rightly sends fewer requests to an engine that a busy machine
+// starves of CPU (one rank got 34 of 200 in CI, with the whole suite
+// running), so a share per rank under it would depend on timing.
 func TestInternalModeReachesEveryRank(t *testing.T) {
-	a, _ := startInternalPair(t, "127.0.0.21", "127.0.0.22")
+	a, _ := startInternalPair(t, "127.0.0.21", "127.0.0.22", "--balance-policy", "round-robin")
 	if failed, err := burst(a.url, 200, 5); failed > 0 {
 		t.Fatalf("%d of 200 requests failed; first: %v", failed, err)
 	}

@@ -3,10 +3,14 @@
 package llamacpp_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -29,13 +33,18 @@ func benchExecutor(b *testing.B, maxSeqs, threads int) *llamacpp.Executor {
 // benchExecutorGreedy starts it with greedy rows sampled in the graph
 // ("on"), on the host ("off"), or where the worker chooses ("auto").
 func benchExecutorGreedy(b *testing.B, maxSeqs, threads int, greedyInGraph string) *llamacpp.Executor {
+	return benchExecutorKV(b, maxSeqs, threads, greedyInGraph, 1<<30)
+}
+
+// benchExecutorKV starts it with kvBytes of KV cache.
+func benchExecutorKV(b *testing.B, maxSeqs, threads int, greedyInGraph string, kvBytes uint64) *llamacpp.Executor {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cfg := engine.SchedulerConfig{MaxNumSeqs: maxSeqs, MaxNumBatchedTokens: 2048, BlockSize: 16, MaxModelLen: 4096}
 	e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{
 		Worker: llamacpp.WorkerConfig{Binary: llamacpptest.Worker(b), Logger: slog.New(slog.DiscardHandler)},
-		Model:  llamacpptest.BenchModel(b), KVCacheBytes: 1 << 30, Scheduler: cfg, Threads: threads, KVCacheDtype: "f16",
+		Model:  llamacpptest.BenchModel(b), KVCacheBytes: kvBytes, Scheduler: cfg, Threads: threads, KVCacheDtype: "f16",
 		GreedyInGraph: greedyInGraph})
 	if err != nil {
 		b.Fatal(err)
@@ -104,6 +113,66 @@ func BenchmarkPrefillBesideHeldSequences(b *testing.B) {
 			b.ReportMetric(float64(model.Microseconds())/1000/float64(b.N), "decode-ms/op")
 		})
 	}
+}
+
+// BenchmarkPrefillBySequenceCount times a step that prefills 800 tokens
+// of a new sequence, with nothing else in the KV cache, in a context made
+// for 16 sequences (a node with --max-num-seqs 16 and no prefix cache) and
+// for 256 (the same node with its prefix cache: the streams past the
+// running ones keep prefixes), on 2 GiB of KV. Nothing else differs: the
+// difference is what llama.cpp's sequence count costs a step. It reports
+// the worker's CPU time per step besides the model's wall time, which a
+// shared machine moves more.
+func BenchmarkPrefillBySequenceCount(b *testing.B) {
+	const prompt = 800
+	for _, seqs := range []int{16, 256} {
+		b.Run(fmt.Sprintf("sequences=%d", seqs), func(b *testing.B) {
+			e := benchExecutorKV(b, seqs, 1, "auto", 2<<30)
+			rng := rand.New(rand.NewPCG(7, 8))
+			step := func() time.Duration {
+				return execute(b, e, &engine.Batch{SeqOps: []engine.SeqOp{{Kind: engine.SeqRemove, Dst: 0, P0: 0, P1: -1}},
+					Requests: []engine.ScheduledRequest{{ID: "p", Seq: 0, NumNewTokens: prompt, Tokens: randomTokens(rng, prompt),
+						SampleIndex: 0, Sampling: &engine.SamplingParams{}}}}).Phases.Model
+			}
+			// The first steps allocate what later ones reuse.
+			step()
+			step()
+			var model time.Duration
+			cpu := workerCPU(b, e.Pid())
+			b.ResetTimer()
+			for range b.N {
+				model += step()
+			}
+			cpu = workerCPU(b, e.Pid()) - cpu
+			b.ReportMetric(float64(model.Microseconds())/1000/float64(b.N), "model-ms/step")
+			b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "worker-cpu-ms/step")
+		})
+	}
+}
+
+// workerCPU is the CPU time process pid has used, user and system, from
+// /proc (in clock ticks of 10 ms, Linux's USER_HZ).
+func workerCPU(b *testing.B, pid int) time.Duration {
+	b.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The fields after the command, which may hold spaces, in brackets:
+	// state is the first, utime the 12th and stime the 13th.
+	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	if len(f) < 13 {
+		b.Fatalf("/proc/%d/stat has %d fields after the command", pid, len(f))
+	}
+	var ticks int64
+	for _, v := range f[11:13] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
 }
 
 // BenchmarkHostCostPerRow times decode steps of 64 sequences that each

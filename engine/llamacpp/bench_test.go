@@ -150,6 +150,45 @@ func BenchmarkPrefillBySequenceCount(b *testing.B) {
 	}
 }
 
+// BenchmarkKeptSaveAndRestore times the prefix cache's moves on a node
+// with it: a running sequence of 1,000 tokens saved to a kept slot in host
+// memory (what a finished request's KV takes), and a kept slot restored
+// into a running sequence (a hit), each a step of its own with nothing to
+// compute. Eight slots take turns, so their memory is reused, as it is
+// once a rank has kept as many prefixes as it has slots.
+func BenchmarkKeptSaveAndRestore(b *testing.B) {
+	const maxRunning, slots = 16, 8
+	cfg := engine.SchedulerConfig{MaxNumSeqs: maxRunning, MaxNumBatchedTokens: 2048, BlockSize: 16, MaxModelLen: 4096, EnablePrefixCaching: true}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{
+		Worker: llamacpp.WorkerConfig{Binary: llamacpptest.Worker(b), Logger: slog.New(slog.DiscardHandler)},
+		Model:  llamacpptest.BenchModel(b), KVCacheBytes: 2 << 30, Scheduler: cfg, Threads: 1, KVCacheDtype: "f16"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { e.Close() })
+	if n := e.Limits().SequenceSlots; n < maxRunning+slots {
+		b.Fatalf("%d sequence slots, want at least %d", n, maxRunning+slots)
+	}
+	fill(b, e, rand.New(rand.NewPCG(9, 10)), []int32{0}, 1000)
+	kvOps := func(op engine.SeqOp) time.Duration {
+		return execute(b, e, &engine.Batch{SeqOps: []engine.SeqOp{op}}).Phases.KVOps
+	}
+	for i := range slots {
+		kvOps(engine.SeqOp{Kind: engine.SeqCopy, Src: 0, Dst: int32(maxRunning + i), P0: -1, P1: -1})
+	}
+	var save, restore time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		slot := int32(maxRunning + i%slots)
+		save += kvOps(engine.SeqOp{Kind: engine.SeqCopy, Src: 0, Dst: slot, P0: -1, P1: -1})
+		restore += kvOps(engine.SeqOp{Kind: engine.SeqCopy, Src: slot, Dst: 1, P0: -1, P1: -1})
+	}
+	b.ReportMetric(float64(save.Microseconds())/1000/float64(b.N), "save-ms")
+	b.ReportMetric(float64(restore.Microseconds())/1000/float64(b.N), "restore-ms")
+}
+
 // workerCPU is the CPU time process pid has used, user and system, from
 // /proc (in clock ticks of 10 ms, Linux's USER_HZ).
 func workerCPU(b *testing.B, pid int) time.Duration {

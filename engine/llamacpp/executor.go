@@ -97,21 +97,26 @@ func NewExecutor(ctx context.Context, cfg ExecutorConfig) (*Executor, error) {
 	default:
 		return nil, fmt.Errorf("llamacpp: greedy sampling in the graph must be auto, on or off, not %q", cfg.GreedyInGraph)
 	}
-	seqs := min(MaxSequences, max(sc.MaxNumSeqs, 1))
+	// With the prefix cache, the streams past the running requests keep
+	// prefixes; they are kept in host memory rather than in llama.cpp's
+	// context, whose every step costs more the more sequences it is made
+	// for (docs/BENCHMARKS.md, section d).
+	seqs, inContext := min(MaxSequences, max(sc.MaxNumSeqs, 1)), 0
 	if sc.EnablePrefixCaching {
-		seqs = MaxSequences
+		seqs, inContext = MaxSequences, seqs
 	}
 	load := &dpnodev1.LoadModel{
-		Path:           cfg.Model,
-		KvCacheBytes:   cfg.KVCacheBytes,
-		StreamCells:    uint32(sc.MaxModelLen),
-		MaxBatchTokens: uint32(sc.MaxNumBatchedTokens),
-		Sequences:      uint32(seqs),
-		Threads:        int32(cfg.Threads),
-		GpuLayers:      int32(cfg.GPULayers),
-		KvCacheDtype:   cfg.KVCacheDtype,
-		FlashAttention: cfg.KVCacheDtype != "f32",
-		GreedyInGraph:  greedy,
+		Path:             cfg.Model,
+		KvCacheBytes:     cfg.KVCacheBytes,
+		StreamCells:      uint32(sc.MaxModelLen),
+		MaxBatchTokens:   uint32(sc.MaxNumBatchedTokens),
+		Sequences:        uint32(seqs),
+		ContextSequences: uint32(inContext),
+		Threads:          int32(cfg.Threads),
+		GpuLayers:        int32(cfg.GPULayers),
+		KvCacheDtype:     cfg.KVCacheDtype,
+		FlashAttention:   cfg.KVCacheDtype != "f32",
+		GreedyInGraph:    greedy,
 	}
 	w, ready, err := StartWorker(ctx, cfg.Worker, load)
 	if err != nil {

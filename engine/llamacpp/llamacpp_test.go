@@ -269,6 +269,55 @@ func TestSharedPrefixIsComputedOnce(t *testing.T) {
 	}
 }
 
+// TestKeptPrefixesComeBackFromHostMemory: with the prefix cache, the
+// streams past the running requests are kept in host memory, as
+// llama.cpp's per-sequence state, not in its context. A finished request's
+// KV is saved there, and a later request that shares its prefix gets it
+// restored into its own stream: it computes only its own tokens, and its
+// greedy continuation is what llama.cpp computes from the whole prompt.
+// The restored prefix serves twice, and the saved copy of a request that
+// took a prefix from it replaces it (a conversation's next turn).
+func TestKeptPrefixesComeBackFromHostMemory(t *testing.T) {
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 2, MaxNumBatchedTokens: 512, BlockSize: 16, MaxModelLen: 2048, EnablePrefixCaching: true}
+	e := newExecutor(t, cfg)
+	if slots := e.Limits().SequenceSlots; slots <= cfg.MaxNumSeqs {
+		t.Fatalf("%d sequence slots for %d running requests: nothing is kept", slots, cfg.MaxNumSeqs)
+	}
+	s := schedulerFor(t, e, cfg)
+	prefix := make([]uint32, 800)
+	for i := range prefix {
+		prefix[i] = uint32(2000 + i*13%7000)
+	}
+	greedy := engine.SamplingParams{MaxTokens: 6, IgnoreEOS: true}
+	var prompts [][]uint32
+	var got [][]uint32
+	serve := func(id string, prompt []uint32) (computed uint64) {
+		t.Helper()
+		before := s.Stats().ComputedTokens
+		if err := s.Add(engine.NewRequest{ID: id, Prompt: prompt, Sampling: greedy}); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, run(t, s, e)[id])
+		prompts = append(prompts, prompt)
+		return s.Stats().ComputedTokens - before
+	}
+	serve("first", slices.Concat(prefix, []uint32{11, 12, 13}))
+	// 800 tokens are 50 full blocks: each later request computes its own
+	// tokens past them and 5 decodes.
+	if n := serve("second", slices.Concat(prefix, []uint32{21, 22, 23, 24})); n != 4+5 {
+		t.Fatalf("the second request computed %d tokens, want 9: the kept prefix was not restored", n)
+	}
+	if n := serve("third", slices.Concat(prefix, []uint32{31})); n != 1+5 {
+		t.Fatalf("the third request computed %d tokens, want 6", n)
+	}
+	ref := llamacpptest.Greedy(t, llamacpptest.Model(t), "f32", 6, prompts)
+	for i := range prompts {
+		if !slices.Equal(got[i], ref[i]) {
+			t.Fatalf("request %d after a restored prefix:\n got %v\nwant %v", i, got[i], ref[i])
+		}
+	}
+}
+
 // TestRequestsTakeTurnsInASmallKVCache runs more requests than the KV
 // cache holds at once: its memory holds one stream, so they take turns on
 // it, each reusing the KV cells the one before gave back, and every

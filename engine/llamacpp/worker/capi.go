@@ -172,6 +172,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"unsafe"
 
@@ -434,6 +435,25 @@ func (c *context) streamCells() int { return int(C.llama_n_ctx_seq(c.c)) }
 // copies the buffer at the next decode.
 func (c *context) seqCopy(src, dst int32) {
 	C.llama_memory_seq_cp(c.mem, C.llama_seq_id(src), C.llama_seq_id(dst), -1, -1)
+}
+
+// saveState writes the cells sequence seq holds, as llama.cpp's
+// per-sequence state, into buf (grown as needed), and returns it; false
+// when llama.cpp could not.
+func (c *context) saveState(seq int32, buf []byte) ([]byte, bool) {
+	n := int(C.llama_state_seq_get_size_ext(c.c, C.llama_seq_id(seq), 0))
+	if n == 0 {
+		return buf[:0], false
+	}
+	buf = slices.Grow(buf[:0], n)[:n]
+	w := C.llama_state_seq_get_data_ext(c.c, (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(buf))), C.size_t(n), C.llama_seq_id(seq), 0)
+	return buf[:w], w != 0
+}
+
+// restoreState makes sequence seq hold the cells of a state saveState
+// wrote, in place of what it held.
+func (c *context) restoreState(state []byte, seq int32) bool {
+	return C.llama_state_seq_set_data_ext(c.c, (*C.uint8_t)(unsafe.Pointer(unsafe.SliceData(state))), C.size_t(len(state)), C.llama_seq_id(seq), 0) != 0
 }
 
 // posMax is the last position sequence seq holds, -1 when it holds none.

@@ -150,6 +150,10 @@ type server struct {
 	// fillers are the streams a step filled a gap with, and where.
 	fillers     []filler
 	streamCells int32
+	// kept are the sequences past the context's, in host memory: each the
+	// llama.cpp state of the cells it holds (empty: none). Sequence id
+	// ctx.sequences()+i is kept[i].
+	kept [][]byte
 }
 
 // promptRows is a sequence of a step whose first tokens' logits give its
@@ -289,10 +293,15 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 		// layer is offloaded.
 		inGraph = l.GpuLayers != 0 && hasGPU() && (l.GpuLayers < 0 || int(l.GpuLayers) > m.layers())
 	}
-	ctx, err := newContext(m, int(seqs*stream), int(l.MaxBatchTokens), int(seqs), int(l.Threads), elem == 4, l.FlashAttention, inGraph)
+	inContext := seqs
+	if l.ContextSequences > 0 {
+		inContext = min(seqs, uint64(l.ContextSequences))
+	}
+	ctx, err := newContext(m, int(inContext*stream), int(l.MaxBatchTokens), int(inContext), int(l.Threads), elem == 4, l.FlashAttention, inGraph)
 	if err != nil {
 		return nil, err
 	}
+	s.kept = make([][]byte, seqs-inContext)
 	ready.GreedyInGraph = inGraph
 	s.ctx = ctx
 	s.samplers = sampling.NewPool(m.nVocab(), int(l.Threads))
@@ -304,9 +313,9 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	if len(ready.EogTokenIds) > 0 {
 		s.end = int32(ready.EogTokenIds[0])
 	}
-	ready.KvCells = uint32(ctx.cells())
+	ready.KvCells = uint32(seqs * uint64(ctx.streamCells()))
 	ready.MaxBatchTokens = uint32(ctx.nBatch)
-	ready.Sequences = uint32(ctx.sequences())
+	ready.Sequences = uint32(seqs)
 	ready.StreamCells = uint32(ctx.streamCells())
 	return ready, nil
 }
@@ -443,33 +452,75 @@ func (s *server) step(st *dpnodev1.ExecuteStep) (*dpnodev1.StepDone, error) {
 }
 
 // kvOps copies and removes KV cache streams as the scheduler asks, before
-// the step's batch.
+// the step's batch. Copies between the context's sequences are llama.cpp's
+// (whole streams, at the next decode); a copy to or from a kept sequence
+// saves or restores its state at once.
 func (s *server) kvOps(ops []*dpnodev1.KVOp) error {
 	c := s.ctx
-	nSeq := int32(len(s.last))
+	inContext := int32(len(s.last))
+	nSeq := inContext + int32(len(s.kept))
 	for _, op := range ops {
 		switch o := op.Op.(type) {
 		case *dpnodev1.KVOp_Copy:
-			if o.Copy.Src < 0 || o.Copy.Src >= nSeq || o.Copy.Dst < 0 || o.Copy.Dst >= nSeq {
-				return fmt.Errorf("a KV copy between sequences %d and %d, of %d", o.Copy.Src, o.Copy.Dst, nSeq)
+			src, dst := o.Copy.Src, o.Copy.Dst
+			if src < 0 || src >= nSeq || dst < 0 || dst >= nSeq {
+				return fmt.Errorf("a KV copy between sequences %d and %d, of %d", src, dst, nSeq)
 			}
-			if o.Copy.Src == o.Copy.Dst || o.Copy.P0 > 0 || o.Copy.P1 > 0 {
-				return fmt.Errorf("a KV copy of positions [%d, %d) from sequence %d to %d: only whole streams are copied, between two", o.Copy.P0, o.Copy.P1, o.Copy.Src, o.Copy.Dst)
+			if src == dst || o.Copy.P0 > 0 || o.Copy.P1 > 0 {
+				return fmt.Errorf("a KV copy of positions [%d, %d) from sequence %d to %d: only whole streams are copied, between two", o.Copy.P0, o.Copy.P1, src, dst)
 			}
-			c.seqCopy(o.Copy.Src, o.Copy.Dst)
-			s.hasLast[o.Copy.Dst] = false
+			if err := s.copySeq(src, dst); err != nil {
+				return err
+			}
 		case *dpnodev1.KVOp_Remove:
-			if o.Remove.Seq < 0 || o.Remove.Seq >= nSeq {
-				return fmt.Errorf("a KV removal from sequence %d, of %d", o.Remove.Seq, nSeq)
+			seq := o.Remove.Seq
+			if seq < 0 || seq >= nSeq {
+				return fmt.Errorf("a KV removal from sequence %d, of %d", seq, nSeq)
 			}
-			if !c.seqRemove(o.Remove.Seq, o.Remove.P0, o.Remove.P1) {
-				return fmt.Errorf("llama.cpp could not remove positions [%d, %d) of sequence %d", o.Remove.P0, o.Remove.P1, o.Remove.Seq)
+			whole := o.Remove.P0 <= 0 && o.Remove.P1 < 0
+			if seq >= inContext {
+				if !whole {
+					return fmt.Errorf("a KV removal of positions [%d, %d) from kept sequence %d: a kept sequence is removed whole", o.Remove.P0, o.Remove.P1, seq)
+				}
+				s.kept[seq-inContext] = s.kept[seq-inContext][:0]
+				continue
 			}
-			if o.Remove.P0 == 0 && o.Remove.P1 < 0 {
-				s.hasLast[o.Remove.Seq] = false
+			if !c.seqRemove(seq, o.Remove.P0, o.Remove.P1) {
+				return fmt.Errorf("llama.cpp could not remove positions [%d, %d) of sequence %d", o.Remove.P0, o.Remove.P1, seq)
+			}
+			if whole {
+				s.hasLast[seq] = false
 			}
 		}
 	}
+	return nil
+}
+
+// copySeq makes dst hold what src holds: in the context, or kept.
+func (s *server) copySeq(src, dst int32) error {
+	c, inContext := s.ctx, int32(len(s.last))
+	switch {
+	case src < inContext && dst < inContext:
+		c.seqCopy(src, dst)
+	case dst >= inContext && src < inContext:
+		state, ok := c.saveState(src, s.kept[dst-inContext])
+		s.kept[dst-inContext] = state
+		if !ok {
+			return fmt.Errorf("llama.cpp could not save sequence %d's KV", src)
+		}
+		return nil
+	case dst >= inContext:
+		s.kept[dst-inContext] = append(s.kept[dst-inContext][:0], s.kept[src-inContext]...)
+		return nil
+	default:
+		if !c.seqRemove(dst, 0, -1) {
+			return fmt.Errorf("llama.cpp could not empty sequence %d", dst)
+		}
+		if state := s.kept[src-inContext]; len(state) > 0 && !c.restoreState(state, dst) {
+			return fmt.Errorf("llama.cpp could not restore kept sequence %d's KV into sequence %d", src, dst)
+		}
+	}
+	s.hasLast[dst] = false
 	return nil
 }
 

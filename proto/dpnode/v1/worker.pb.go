@@ -500,8 +500,16 @@ type LoadModel struct {
 	FlashAttention bool `protobuf:"varint,11,opt,name=flash_attention,json=flashAttention,proto3" json:"flash_attention,omitempty"`
 	// Where greedy rows are sampled.
 	GreedyInGraph GreedyInGraph `protobuf:"varint,13,opt,name=greedy_in_graph,json=greedyInGraph,proto3,enum=dpnode.v1.GreedyInGraph" json:"greedy_in_graph,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The sequences llama.cpp's context holds, each in a KV stream (its
+	// n_seq_max): the ones steps compute. Sequence ids from here up to
+	// sequences are kept in host memory as llama.cpp's per-sequence state,
+	// for the prefix cache: a KV copy into one saves a context sequence's
+	// cells, a copy out of one restores them. A context made for more
+	// sequences costs every step more, whether they hold anything or not.
+	// 0: every sequence is in the context.
+	ContextSequences uint32 `protobuf:"varint,14,opt,name=context_sequences,json=contextSequences,proto3" json:"context_sequences,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *LoadModel) Reset() {
@@ -618,6 +626,13 @@ func (x *LoadModel) GetGreedyInGraph() GreedyInGraph {
 	return GreedyInGraph_GREEDY_IN_GRAPH_UNSPECIFIED
 }
 
+func (x *LoadModel) GetContextSequences() uint32 {
+	if x != nil {
+		return x.ContextSequences
+	}
+	return 0
+}
+
 // ModelReady gives the model's limits.
 type ModelReady struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -625,7 +640,9 @@ type ModelReady struct {
 	Description  string                 `protobuf:"bytes,2,opt,name=description,proto3" json:"description,omitempty"`
 	// The context length the model was trained with.
 	ContextLength uint32 `protobuf:"varint,3,opt,name=context_length,json=contextLength,proto3" json:"context_length,omitempty"`
-	// The KV cells allocated: sequences streams of stream_cells.
+	// The KV cells allocated: sequences streams of stream_cells, in
+	// llama.cpp's context or, past context_sequences, at most as many in
+	// host memory.
 	KvCells     uint32 `protobuf:"varint,4,opt,name=kv_cells,json=kvCells,proto3" json:"kv_cells,omitempty"`
 	Sequences   uint32 `protobuf:"varint,5,opt,name=sequences,proto3" json:"sequences,omitempty"`
 	StreamCells uint32 `protobuf:"varint,15,opt,name=stream_cells,json=streamCells,proto3" json:"stream_cells,omitempty"`
@@ -1866,7 +1883,7 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x04body\"\"\n" +
 	"\fCheckGrammar\x12\x12\n" +
 	"\x04gbnf\x18\x01 \x01(\tR\x04gbnf\"\x10\n" +
-	"\x0eGrammarChecked\"\xc0\x03\n" +
+	"\x0eGrammarChecked\"\xed\x03\n" +
 	"\tLoadModel\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1d\n" +
 	"\n" +
@@ -1883,7 +1900,8 @@ const file_dpnode_v1_worker_proto_rawDesc = "" +
 	"\x0ekv_cache_dtype\x18\n" +
 	" \x01(\tR\fkvCacheDtype\x12'\n" +
 	"\x0fflash_attention\x18\v \x01(\bR\x0eflashAttention\x12@\n" +
-	"\x0fgreedy_in_graph\x18\r \x01(\x0e2\x18.dpnode.v1.GreedyInGraphR\rgreedyInGraphJ\x04\b\t\x10\n" +
+	"\x0fgreedy_in_graph\x18\r \x01(\x0e2\x18.dpnode.v1.GreedyInGraphR\rgreedyInGraph\x12+\n" +
+	"\x11context_sequences\x18\x0e \x01(\rR\x10contextSequencesJ\x04\b\t\x10\n" +
 	"\"\xac\x04\n" +
 	"\n" +
 	"ModelReady\x12\"\n" +

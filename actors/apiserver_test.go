@@ -32,9 +32,9 @@ func TestRestartBackoffDoublesToItsCap(t *testing.T) {
 // at most 300 ms.
 func rankZeroDiesForGood(cfg *NodeConfig) {
 	cfg.ParkTimeout = 300 * time.Millisecond
-	inner := cfg.NewExecutor
+	inner := cfg.NewCore
 	var built atomic.Int32
-	cfg.NewExecutor = func(ctx context.Context, rank int, dev gpu.Device) (engine.Executor, error) {
+	cfg.NewCore = func(ctx context.Context, rank int, dev gpu.Device) (engine.Core, error) {
 		if rank == 0 && built.Add(1) > 1 {
 			return nil, errors.New("injected: the GPU is gone")
 		}
@@ -296,30 +296,18 @@ func TestRequestIDFreeOnceItsStreamEnds(t *testing.T) {
 	tn.assertSettled(t)
 }
 
-// processStub is an executor whose model runs in a process of its own. A
-// constructor that fails returns it as a nil pointer, which panics when
-// closed.
-type processStub struct{ exited chan struct{} }
-
-func (p *processStub) Execute(context.Context, *engine.Batch) (engine.StepResult, error) {
-	return engine.StepResult{}, nil
-}
-func (p *processStub) Done() <-chan struct{} { return p.exited }
-func (p *processStub) Err() error            { return nil }
-func (p *processStub) Close() error          { close(p.exited); return nil }
-
 // apiServerFault crashes the API server that receives it.
 type apiServerFault struct{}
 
 // crashFirstStepThenLoad makes rank 0's first step crash its engine and
-// the engine's next start block in NewExecutor until release is closed
-// (then it starts) or the start is cancelled (then it fails as a model
-// worker's does, with a nil process pointer). starting is closed when
-// that start begins; built counts the executors asked for.
+// the engine's next start block in NewCore until release is closed (then
+// it starts) or the start is cancelled (then it fails as a model worker's
+// does, with a nil pointer, which panics when closed). starting is closed
+// when that start begins; built counts the engines asked for.
 func crashFirstStepThenLoad(starting, release chan struct{}, built *atomic.Int32) func(*NodeConfig) {
 	return func(cfg *NodeConfig) {
-		inner := cfg.NewExecutor
-		cfg.NewExecutor = func(ctx context.Context, rank int, dev gpu.Device) (engine.Executor, error) {
+		inner := cfg.NewCore
+		cfg.NewCore = func(ctx context.Context, rank int, dev gpu.Device) (engine.Core, error) {
 			if built.Add(1) != 2 {
 				return inner(ctx, rank, dev)
 			}
@@ -328,8 +316,8 @@ func crashFirstStepThenLoad(starting, release chan struct{}, built *atomic.Int32
 			case <-release:
 				return inner(ctx, rank, dev)
 			case <-ctx.Done():
-				var p *processStub
-				return p, ctx.Err()
+				var c *engine.StepCore
+				return c, ctx.Err()
 			}
 		}
 	}

@@ -19,13 +19,12 @@ import (
 type EngineConfig struct {
 	Rank int
 	// Device names the GPU the rank runs on, for views and logs.
-	Device    string
-	Scheduler engine.SchedulerConfig
-	// NewExecutor builds the rank's executor each time the engine starts,
-	// so a restart after a crash starts from a clean executor too. It runs
-	// off the mailbox (loading a model takes a while) and must return
-	// when ctx is done.
-	NewExecutor func(ctx context.Context) (engine.Executor, error)
+	Device string
+	// NewCore opens the rank's engine each time the actor starts, so a
+	// restart after a crash starts from a clean engine too. It runs off
+	// the mailbox (loading a model takes a while) and must return when
+	// ctx is done.
+	NewCore func(ctx context.Context) (engine.Core, error)
 	// ExpertParallel makes the rank step in lockstep waves with every
 	// rank of the group (a MoE model with --enable-expert-parallel).
 	ExpertParallel bool
@@ -43,8 +42,9 @@ type EngineConfig struct {
 	Logger    *slog.Logger
 }
 
-// EngineActor runs one rank: it feeds the scheduler the requests and
-// aborts it receives and runs one step at a time off its mailbox. When a
+// EngineActor runs one rank: it feeds its engine (an engine.Core) the
+// requests and aborts it receives and runs one step at a time off its
+// mailbox. When a
 // step completes it sends one StepOutputs per API server with requests in
 // the step, and reports its stats when they change.
 type EngineActor struct {
@@ -57,17 +57,17 @@ type EngineActor struct {
 	// state; shared by the incarnations.
 	attached *atomic.Bool
 
-	sched    *engine.Scheduler
-	exec     engine.Executor
+	// core is the rank's engine, nil until it has started.
+	core     engine.Core
 	stepCtx  context.Context
 	stopStep context.CancelFunc
-	// starting is the executor start in progress; the engine takes
+	// starting is the engine start in progress; the actor takes
 	// requests once it has started.
-	starting *executorStarted
-	// early holds requests that came before the executor started.
+	starting *coreStarted
+	// early holds requests that came before the engine started.
 	early []earlyRequest
-	// inFlight is the batch of the running step, nil when idle.
-	inFlight *engine.Batch
+	// inFlight is the running step, nil when idle.
+	inFlight engine.Step
 	// coordinator receives the stats when they change; nil while no
 	// coordinator runs. The supervisor sets it, and again when it moves.
 	coordinator *actor.PID
@@ -97,17 +97,18 @@ type clientOutputs struct {
 	outputs []*dpnodev1.RequestOutput
 }
 
-// executorStarted reports the executor's start back to the mailbox.
-type executorStarted struct {
-	exec engine.Executor
+// coreStarted reports the engine's start back to the mailbox.
+type coreStarted struct {
+	core engine.Core
 	err  error
-	// done is closed once exec and err are set.
+	// done is closed once core and err are set.
 	done chan struct{}
 }
 
-// executorExited reports that an executor's process exited on its own.
-type executorExited struct {
-	exec engine.Executor
+// coreExited reports that an engine died on its own (its worker process
+// exited).
+type coreExited struct {
+	core engine.Core
 }
 
 type earlyRequest struct {
@@ -117,8 +118,8 @@ type earlyRequest struct {
 	client any
 }
 
-// StartError is why an engine could not start its executor: a model that
-// cannot load. The supervisor does not restart an engine that never
+// StartError is why an engine could not start: a model that cannot load,
+// a server that does not answer. The supervisor does not restart an engine that never
 // started, since it would fail the same way.
 type StartError struct {
 	Rank int
@@ -133,10 +134,9 @@ func (e *StartError) Unwrap() error { return e.Err }
 
 // stepDone reports a finished step back to the engine's mailbox.
 type stepDone struct {
-	batch *engine.Batch
-	res   engine.StepResult
-	err   error
-	// wall is how long Execute took.
+	step engine.Step
+	err  error
+	// wall is how long the step's Run took.
 	wall time.Duration
 }
 
@@ -172,12 +172,12 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 	case *actor.Stopping, *actor.Restarting:
 		e.stop()
 		return
-	case *executorStarted:
-		e.executorStarted(ctx, msg)
+	case *coreStarted:
+		e.coreStarted(ctx, msg)
 		return
-	case *executorExited:
-		if msg.exec == e.exec {
-			panic(fmt.Errorf("engine rank %d: the model worker exited: %w", e.cfg.Rank, e.exec.(engine.Process).Err()))
+	case *coreExited:
+		if msg.core == e.core {
+			panic(fmt.Errorf("engine rank %d: the engine died: %w", e.cfg.Rank, e.core.Err()))
 		}
 		return
 	case *attachEngine:
@@ -185,7 +185,7 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 		return
 	case *setCoordinator:
 		e.coordinator, e.coordEpoch, e.sentOnce = msg.pid, msg.epoch, false
-		if e.sched == nil {
+		if e.core == nil {
 			return
 		}
 		if e.inFlight == nil {
@@ -196,7 +196,7 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 		}
 		return
 	}
-	if e.sched == nil {
+	if e.core == nil {
 		e.receiveStarting(ctx)
 		return
 	}
@@ -208,9 +208,9 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 	case *dpnodev1.ListRequests:
 		asker := ctx.Sender()
 		ctx.Respond(&dpnodev1.RequestList{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch,
-			RequestIds: e.sched.IDs(func(c any) bool { return asker != nil && clientOwner(c).Equal(asker) })})
+			RequestIds: e.core.IDs(func(c any) bool { return asker != nil && clientOwner(c).Equal(asker) })})
 	case *dpnodev1.AbortRequests:
-		e.sched.Abort(msg.RequestIds...)
+		e.core.Abort(msg.RequestIds...)
 		if e.inFlight == nil {
 			e.reportStats(ctx, nil, nil)
 		}
@@ -223,35 +223,35 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 	}
 }
 
-// start starts the executor off the mailbox: a model worker takes seconds
-// to load its model.
+// start opens the engine off the mailbox: a model worker takes seconds to
+// load its model, a server may still be starting.
 func (e *EngineActor) start(ctx actor.Context) {
 	e.stepCtx, e.stopStep = context.WithCancel(context.Background())
-	started := &executorStarted{done: make(chan struct{})}
+	started := &coreStarted{done: make(chan struct{})}
 	e.starting = started
-	newExec, stepCtx, self, root := e.cfg.NewExecutor, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
+	newCore, stepCtx, self, root := e.cfg.NewCore, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {
-				started.exec, started.err = nil, fmt.Errorf("starting the executor panicked: %v", r)
+				started.core, started.err = nil, fmt.Errorf("starting the engine panicked: %v", r)
 			}
 			close(started.done)
 			root.Send(self, started)
 		}()
-		exec, err := newExec(stepCtx)
+		core, err := newCore(stepCtx)
 		if err != nil {
-			// A failed start has no executor to close. What comes back
+			// A failed start has no engine to close. What comes back
 			// with the error can be a nil pointer in a non-nil interface,
 			// whose Close panics; in stop that panic would leave the
 			// actor half stopped, never sending Terminated, and its
 			// supervisor waiting for it for good.
-			exec = nil
+			core = nil
 		}
-		started.exec, started.err = exec, err
+		started.core, started.err = core, err
 	}()
 }
 
-// stop ends the engine's step and its executor; a model worker is killed
+// stop ends the engine's step and the engine; a model worker is killed
 // and waited for, so that its successor finds the device free.
 func (e *EngineActor) stop() {
 	if e.stopStep != nil {
@@ -260,69 +260,57 @@ func (e *EngineActor) stop() {
 	if e.waves != nil {
 		e.waves.stopTimer()
 	}
-	closeExecutor(e.exec)
-	e.exec = nil
+	closeCore(e.core)
+	e.core = nil
 	if s := e.starting; s != nil {
 		// A start in progress: its result would reach a mailbox that no
-		// longer reads. Cancelled, it ends soon; its executor is closed
+		// longer reads. Cancelled, it ends soon; its engine is closed
 		// here.
 		<-s.done
-		closeExecutor(s.exec)
+		closeCore(s.core)
 		e.starting = nil
 	}
 }
 
-func closeExecutor(exec engine.Executor) {
-	if p, ok := exec.(engine.Process); ok {
-		_ = p.Close()
+func closeCore(c engine.Core) {
+	if c != nil {
+		_ = c.Close()
 	}
 }
 
-func (e *EngineActor) executorStarted(ctx actor.Context, msg *executorStarted) {
+func (e *EngineActor) coreStarted(ctx actor.Context, msg *coreStarted) {
 	if msg != e.starting || e.stepCtx.Err() != nil {
 		// The start of an earlier incarnation, or of one that stopped,
 		// which closed it (closing twice is harmless).
-		closeExecutor(msg.exec)
+		closeCore(msg.core)
 		return
 	}
 	e.starting = nil
 	if msg.err != nil {
 		panic(&StartError{Rank: e.cfg.Rank, Err: msg.err})
 	}
-	cfg := e.cfg.Scheduler
-	if l, ok := msg.exec.(engine.Limited); ok {
-		var err error
-		if cfg, err = cfg.WithLimits(l.Limits()); err != nil {
-			closeExecutor(msg.exec)
-			panic(&StartError{Rank: e.cfg.Rank, Err: err})
+	var waved engine.BatchCore
+	if e.cfg.ExpertParallel {
+		bc, ok := msg.core.(engine.BatchCore)
+		if !ok || !msg.core.Capabilities().ExpertParallel {
+			closeCore(msg.core)
+			panic(&StartError{Rank: e.cfg.Rank, Err: fmt.Errorf("the engine cannot step in expert-parallel waves")})
 		}
-		if cfg.SequenceSlots > 0 {
-			e.cfg.Logger.Info("KV streams", "rank", e.cfg.Rank, "streams", cfg.SequenceSlots, "tokens_each", cfg.StreamCells,
-				"running_at_most", cfg.MaxNumSeqs, "kept_for_prefix_cache", cfg.SequenceSlots-cfg.MaxNumSeqs)
-		}
-		if cfg.MaxNumSeqs < e.cfg.Scheduler.MaxNumSeqs {
-			e.cfg.Logger.Warn("the KV cache holds fewer sequences than --max-num-seqs: fewer run at once; more KV memory (--kv-cache-memory-bytes) or a shorter --max-model-len gives more",
-				"rank", e.cfg.Rank, "max_num_seqs", cfg.MaxNumSeqs, "asked", e.cfg.Scheduler.MaxNumSeqs)
-		}
+		waved = bc
 	}
-	sched, err := engine.NewScheduler(cfg)
-	if err != nil {
-		closeExecutor(msg.exec)
-		panic(&StartError{Rank: e.cfg.Rank, Err: err})
-	}
-	e.sched, e.exec = sched, msg.exec
-	if p, ok := e.exec.(engine.Process); ok {
-		exec, stepCtx, self, root := e.exec, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
+	e.core = msg.core
+	if done := e.core.Done(); done != nil {
+		core, stepCtx, self, root := e.core, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
 		go func() {
 			select {
-			case <-p.Done():
-				root.Send(self, &executorExited{exec: exec})
+			case <-done:
+				root.Send(self, &coreExited{core: core})
 			case <-stepCtx.Done():
 			}
 		}()
 	}
-	if e.cfg.ExpertParallel {
-		e.waves = newEngineWaves(e.cfg.Rank, ctx.Self().Address)
+	if waved != nil {
+		e.waves = newEngineWaves(e.cfg.Rank, ctx.Self().Address, waved)
 	}
 	e.tellAPIServer(ctx, &dpnodev1.EngineReady{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch})
 	e.reportStats(ctx, nil, nil)
@@ -343,7 +331,7 @@ func (e *EngineActor) executorStarted(ctx actor.Context, msg *executorStarted) {
 // is.
 func (e *EngineActor) attach(ctx actor.Context) {
 	e.attached.Store(true)
-	if e.sched == nil {
+	if e.core == nil {
 		return
 	}
 	e.tellAPIServer(ctx, &dpnodev1.EngineReady{Rank: uint32(e.cfg.Rank), EngineEpoch: e.epoch})
@@ -356,7 +344,7 @@ func (e *EngineActor) attach(ctx actor.Context) {
 	}
 }
 
-// receiveStarting handles what comes before the executor has started:
+// receiveStarting handles what comes before the engine has started:
 // requests wait for it, and nothing else concerns an engine with no
 // requests.
 func (e *EngineActor) receiveStarting(ctx actor.Context) {
@@ -414,7 +402,7 @@ func (e *EngineActor) add(ctx actor.Context, msg *dpnodev1.AddRequest, client an
 	if owner := clientOwner(client); owner.Address == ctx.Self().Address {
 		nr.BlockHashes = unpackHashes(msg.PromptBlockHashes)
 	}
-	if err := e.sched.Add(nr); err != nil {
+	if err := e.core.Add(nr); err != nil {
 		if s, ok := client.(*sink); ok {
 			var rep localOutputs
 			if _, ended := s.deliver(&engine.Output{ID: msg.RequestId, Finish: engine.FinishedError}, err.Error(), time.Now()); ended {
@@ -449,33 +437,33 @@ func (e *EngineActor) maybeStep(ctx actor.Context) {
 		e.waves.pump(ctx, e)
 		return
 	}
-	if e.inFlight != nil || !e.sched.HasWork() {
+	if e.inFlight != nil || !e.core.HasWork() {
 		return
 	}
-	e.launch(ctx, e.sched.Schedule())
+	e.launch(ctx, e.core.Next())
 }
 
 // launch runs a step on its own goroutine; it reports back as a stepDone
 // message.
-func (e *EngineActor) launch(ctx actor.Context, batch *engine.Batch) {
-	e.inFlight = batch
-	exec, stepCtx, self, root := e.exec, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
+func (e *EngineActor) launch(ctx actor.Context, step engine.Step) {
+	e.inFlight = step
+	stepCtx, self, root := e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
 	go func() {
-		done := &stepDone{batch: batch}
+		done := &stepDone{step: step}
 		start := time.Now()
 		defer func() {
 			if r := recover(); r != nil {
-				done.err = fmt.Errorf("executor panicked: %v", r)
+				done.err = fmt.Errorf("the engine's step panicked: %v", r)
 			}
 			done.wall = time.Since(start)
 			root.Send(self, done)
 		}()
-		done.res, done.err = exec.Execute(stepCtx, batch)
+		done.err = step.Run(stepCtx)
 	}()
 }
 
 func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
-	if msg.batch != e.inFlight {
+	if msg.step != e.inFlight {
 		// A step of an earlier incarnation, finishing after a restart.
 		return
 	}
@@ -484,21 +472,22 @@ func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
 		if e.stepCtx.Err() != nil {
 			return
 		}
-		// An executor failure is a GPU failure: crash, and let the
-		// supervisor restart the engine and move its requests.
-		panic(fmt.Errorf("engine rank %d: step %d failed: %w", e.cfg.Rank, msg.batch.Step, msg.err))
+		// A failed step is a failed engine (a GPU fault, a server gone):
+		// crash, and let the supervisor restart the engine and move its
+		// requests.
+		panic(fmt.Errorf("engine rank %d: %w", e.cfg.Rank, msg.err))
 	}
 	begin := time.Now()
-	if !msg.batch.Empty() {
+	if res, ok := msg.step.Result(); ok {
 		e.cfg.Metrics.stepTime.Observe(msg.wall.Seconds())
-		e.cfg.Metrics.executorTime.Add(msg.res.Duration.Seconds())
-		e.cfg.Metrics.observeStep(msg.wall, msg.res)
+		e.cfg.Metrics.executorTime.Add(res.Duration.Seconds())
+		e.cfg.Metrics.observeStep(msg.wall, res)
 	}
-	outs := e.sched.Update(msg.batch, msg.res)
+	outs := msg.step.Finish(nil)
 	if e.waves != nil {
 		// Before the outputs, so that the stats sent with them tell a
 		// wave's end.
-		e.waves.stepped(ctx, e, msg.batch)
+		e.waves.stepped(ctx, e)
 	}
 	e.sendOutputs(ctx, outs)
 	e.maybeStep(ctx)
@@ -571,7 +560,7 @@ func (e *EngineActor) tellLocal(ctx actor.Context, o *localOutputs) {
 // had no outputs in the step, and so does the coordinator. local is what
 // the node's API server needs of the outputs delivered to local attempts.
 func (e *EngineActor) reportStats(ctx actor.Context, clients []clientOutputs, local *localOutputs) {
-	st := e.sched.Stats()
+	st := e.core.Stats()
 	var wire *dpnodev1.EngineStats
 	if !e.sentOnce || statsChanged(e.lastSent, st) || e.waveChanged() {
 		e.lastSent, e.sentOnce = st, true

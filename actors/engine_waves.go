@@ -19,6 +19,8 @@ import (
 // rank's step takes.
 type engineWaves struct {
 	rank int
+	// core is the engine, whose batches the waves decide.
+	core engine.BatchCore
 	// addr is this node's actor address: a group with a member elsewhere
 	// steps across nodes.
 	addr      string
@@ -53,8 +55,8 @@ type groupStatus struct {
 	in    bool
 }
 
-func newEngineWaves(rank int, addr string) *engineWaves {
-	return &engineWaves{rank: rank, addr: addr, w: dp.NewWaveStepper(rank), peers: make(map[int]*actor.PID)}
+func newEngineWaves(rank int, addr string, core engine.BatchCore) *engineWaves {
+	return &engineWaves{rank: rank, addr: addr, core: core, w: dp.NewWaveStepper(rank), peers: make(map[int]*actor.PID)}
 }
 
 // join asks the coordinator for a place in the group.
@@ -149,7 +151,7 @@ func (ew *engineWaves) setGroup(ctx actor.Context, e *EngineActor, m *dpnodev1.G
 			// The batch was scheduled: run it, alone, so that the
 			// scheduler's step completes; its requests are moving away.
 			ew.solo = true
-			e.launch(ctx, batch)
+			e.launch(ctx, ew.core.StepOf(batch))
 		}
 		if !ew.out {
 			ew.out = true
@@ -176,7 +178,7 @@ func (ew *engineWaves) pump(ctx actor.Context, e *EngineActor) {
 		return
 	}
 	now := time.Now()
-	st := ew.w.Pump(e.sched, ew.crossNode, now)
+	st := ew.w.Pump(ew.core, ew.crossNode, now)
 	if st.Opened {
 		if ew.began.IsZero() {
 			ew.began, ew.waveTrigger = now, ew.trigger
@@ -199,16 +201,16 @@ func (ew *engineWaves) pump(ctx actor.Context, e *EngineActor) {
 	if st.Run.Collective.TotalTokens > 0 {
 		e.cfg.Metrics.balance.Observe(dp.BalanceRatio(st.Reports))
 	}
-	e.launch(ctx, st.Run)
+	e.launch(ctx, ew.core.StepOf(st.Run))
 }
 
 // stepped closes a step of the wave after it ran.
-func (ew *engineWaves) stepped(ctx actor.Context, e *EngineActor, _ *engine.Batch) {
+func (ew *engineWaves) stepped(ctx actor.Context, e *EngineActor) {
 	if ew.solo {
 		ew.solo = false
 		return
 	}
-	ended, reportComplete, startOthers := ew.w.Stepped(e.sched.HasWork())
+	ended, reportComplete, startOthers := ew.w.Stepped(ew.core.HasWork())
 	now := time.Now()
 	if ended != nil {
 		e.cfg.Metrics.waves.Inc()

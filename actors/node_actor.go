@@ -220,8 +220,7 @@ func (n *nodeActor) startEngines(ctx actor.Context) []LocalEngine {
 		ec := EngineConfig{
 			Rank:              rank,
 			Device:            fmt.Sprintf("%d:%s (%s)", dev.Index, dev.UUID, dev.Name),
-			Scheduler:         cfg.Scheduler,
-			NewExecutor:       func(ctx context.Context) (engine.Executor, error) { return cfg.NewExecutor(ctx, rank, dev) },
+			NewCore:           func(ctx context.Context) (engine.Core, error) { return cfg.NewCore(ctx, rank, dev) },
 			ExpertParallel:    cfg.ExpertParallel,
 			CollectiveTimeout: cfg.CollectiveTimeout,
 			Metrics:           n.metrics.forRank(rank, true),

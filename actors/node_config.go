@@ -27,10 +27,10 @@ type NodeConfig struct {
 	// Devices are the GPUs of the local ranks, one each, in rank order.
 	Devices   []gpu.Device
 	Scheduler engine.SchedulerConfig
-	// NewExecutor builds a local rank's executor; it is called again each
-	// time the rank's engine restarts, off the engine's mailbox, and must
+	// NewCore opens a local rank's engine; it is called again each time
+	// the rank's engine restarts, off the engine's mailbox, and must
 	// return when ctx is done.
-	NewExecutor func(ctx context.Context, rank int, dev gpu.Device) (engine.Executor, error)
+	NewCore func(ctx context.Context, rank int, dev gpu.Device) (engine.Core, error)
 	// Policy picks ranks; nil means dp.LiveLoad.
 	Policy      dp.Policy
 	Restart     RestartPolicy
@@ -115,8 +115,8 @@ func (c *NodeConfig) validate() error {
 		return errors.New("actors: the node needs a name")
 	case len(c.Devices) != c.Topology.LocalSize:
 		return fmt.Errorf("actors: %d local ranks but %d devices", c.Topology.LocalSize, len(c.Devices))
-	case c.NewExecutor == nil && c.Topology.LocalSize > 0:
-		return errors.New("actors: the node needs an executor factory")
+	case c.NewCore == nil && c.Topology.LocalSize > 0:
+		return errors.New("actors: the node needs an engine factory")
 	case c.Registry == nil:
 		return errors.New("actors: the node needs a metrics registry")
 	}

@@ -80,7 +80,7 @@ func startProfileNode(t testing.TB, profileName string, ranks int, timeScale flo
 	cfg.Registry = tn.reg
 	cfg.Restart.InitialBackoff = 10 * time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	cfg.NewExecutor = func(_ context.Context, rank int, _ gpu.Device) (engine.Executor, error) {
+	cfg.NewCore = func(_ context.Context, rank int, _ gpu.Device) (engine.Core, error) {
 		e, err := sim.NewExecutor(sim.ExecutorConfig{Profile: profile, Tokenizer: tn.tok, Clock: engine.RealClock{}, TimeScale: timeScale})
 		if err != nil {
 			return nil, err
@@ -89,7 +89,7 @@ func startProfileNode(t testing.TB, profileName string, ranks int, timeScale flo
 		if rank == crashRank {
 			crash = crashAt
 		}
-		return &crashingExecutor{inner: e, steps: tn.steps[rank], crashAt: crash}, nil
+		return engine.NewStepCore(cfg.Scheduler, &crashingExecutor{inner: e, steps: tn.steps[rank], crashAt: crash}, sim.Capabilities(profile))
 	}
 	for _, f := range mutate {
 		f(&cfg)

@@ -19,8 +19,8 @@ import (
 type nodeEngine struct {
 	tokenizer engine.Tokenizer
 	// template is nil for a model without a chat template.
-	template    httpapi.ChatTemplate
-	newExecutor func(ctx context.Context, rank int, dev gpu.Device) (engine.Executor, error)
+	template httpapi.ChatTemplate
+	newCore  func(ctx context.Context, rank int, dev gpu.Device) (engine.Core, error)
 	// startTimeout bounds the engines' start, model loads included; 0
 	// keeps the node's default.
 	startTimeout time.Duration
@@ -46,8 +46,8 @@ func (p *plan) newEngine(o Options, inv gpu.Inventory, topo dp.Topology) (*nodeE
 			simulated: true,
 			tokenizer: tok,
 			template:  httpapi.Llama3Template{},
-			newExecutor: func(context.Context, int, gpu.Device) (engine.Executor, error) {
-				return sim.NewExecutor(sim.ExecutorConfig{Profile: p.profile, Tokenizer: tok, Clock: engine.RealClock{}, TimeScale: o.SimTimeScale})
+			newCore: func(context.Context, int, gpu.Device) (engine.Core, error) {
+				return sim.NewCore(p.scheduler, sim.ExecutorConfig{Profile: p.profile, Tokenizer: tok, Clock: engine.RealClock{}, TimeScale: o.SimTimeScale})
 			},
 			describe: []any{"sim_profile", p.profile.Name, "sim_time_scale", o.SimTimeScale},
 			close:    func() {},
@@ -78,7 +78,7 @@ func (p *plan) newEngine(o Options, inv gpu.Inventory, topo dp.Topology) (*nodeE
 		e.tokenizer = tok
 		e.close = func() { _ = tok.Close() }
 	}
-	e.newExecutor = func(ctx context.Context, rank int, dev gpu.Device) (engine.Executor, error) {
+	e.newCore = func(ctx context.Context, rank int, dev gpu.Device) (engine.Core, error) {
 		cfg := llamacpp.ExecutorConfig{
 			Worker: llamacpp.WorkerConfig{Binary: binary, Env: []string{fmt.Sprintf("%s=rank-%d", llamacpp.WorkerRoleEnv, rank)},
 				Logger: o.Logger.With("rank", rank, "component", "llama.cpp")},
@@ -104,13 +104,7 @@ func (p *plan) newEngine(o Options, inv gpu.Inventory, topo dp.Topology) (*nodeE
 		} else if cfg.KVCacheBytes == 0 {
 			cfg.KVCacheBytes = DefaultCPUKVCache
 		}
-		exec, err := llamacpp.NewExecutor(ctx, cfg)
-		if err != nil {
-			// Not exec: a nil *llamacpp.Executor is a non-nil
-			// engine.Executor.
-			return nil, err
-		}
-		return exec, nil
+		return llamacpp.NewCore(ctx, cfg, o.Logger.With("rank", rank))
 	}
 	e.describe = []any{"model_file", p.model.Path, "architecture", p.model.Architecture, "threads_per_rank", threads, "kv_cache_dtype", p.kvDtype,
 		"chat_template", e.template != nil, "max_num_seqs", p.scheduler.MaxNumSeqs}

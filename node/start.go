@@ -276,7 +276,7 @@ func (s *startup) startEngines(context.Context) error {
 	}
 	cfg.Restart.MaxRestarts, cfg.Restart.Window = o.EngineMaxRestarts, o.EngineRestartWindow
 	cfg.CollectiveTimeout = o.CollectiveTimeout
-	cfg.NewExecutor = s.eng.newExecutor
+	cfg.NewCore = s.eng.newCore
 	if s.eng.startTimeout > 0 {
 		cfg.StartTimeout = s.eng.startTimeout
 	}

@@ -56,8 +56,8 @@ func StartSimNode(t testing.TB, c Config) (*actors.Node, *sim.Tokenizer) {
 	}
 	cfg.Registry = prometheus.NewRegistry()
 	cfg.Logger = slog.New(slog.DiscardHandler)
-	cfg.NewExecutor = func(context.Context, int, gpu.Device) (engine.Executor, error) {
-		return sim.NewExecutor(sim.ExecutorConfig{Profile: profile, Tokenizer: tok, Clock: engine.RealClock{}})
+	cfg.NewCore = func(context.Context, int, gpu.Device) (engine.Core, error) {
+		return sim.NewCore(cfg.Scheduler, sim.ExecutorConfig{Profile: profile, Tokenizer: tok, Clock: engine.RealClock{}})
 	}
 	n, err := actors.StartNode(cfg)
 	if err != nil {

@@ -132,3 +132,20 @@ func (t *Tokenizer) Sample(promptHash uint64, i int, sp *engine.SamplingParams) 
 	}
 	return firstWordToken + uint32((x>>8)%uint64(t.numWords()))
 }
+
+// Capabilities are the simulated engine's: dpnode's scheduler with
+// per-index seeded sampling, block hashes and a KV cache it measures, and
+// expert-parallel waves for a mixture-of-experts profile.
+func Capabilities(p *Profile) engine.Capabilities {
+	return engine.Capabilities{ExpertParallel: p.Kind == KindMoE, ExactMigration: true, PrefixHashes: true, KVUsage: true}
+}
+
+// NewCore returns a rank's engine: the simulated executor under dpnode's
+// scheduler.
+func NewCore(sched engine.SchedulerConfig, cfg ExecutorConfig) (*engine.StepCore, error) {
+	exec, err := NewExecutor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return engine.NewStepCore(sched, exec, Capabilities(cfg.Profile))
+}

@@ -505,7 +505,7 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 	for i := range outs {
 		o := &outs[i]
 		if s, ok := o.Client.(*sink); ok {
-			prefilled, ended := s.deliver(o, "", now)
+			prefilled, ended := s.deliver(o, o.Error, now)
 			if prefilled || ended {
 				if local == nil {
 					local = &localOutputs{}
@@ -537,7 +537,7 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 		ro := &slab[0]
 		slab = slab[1:]
 		ro.RequestId, ro.NewTokenIds, ro.FinishReason = o.ID, o.NewTokens, finishToWire(o.Finish)
-		ro.NumCachedTokens, ro.Attempt = uint32(o.NumCachedTokens), o.Attempt
+		ro.NumCachedTokens, ro.Attempt, ro.Error = uint32(o.NumCachedTokens), o.Attempt, o.Error
 		ro.Logprobs, ro.PromptLogprobs = logprobsToWire(o.Logprobs), logprobsToWire(o.PromptLogprobs)
 		clients[k].outputs = append(clients[k].outputs, ro)
 	}

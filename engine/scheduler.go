@@ -137,6 +137,9 @@ type Output struct {
 	// PromptLogprobs are the prompt's, on the first output of a request
 	// that asked (Sampling.PromptLogprobs).
 	PromptLogprobs []*TokenLogprobs
+	// Error says why a request finished with FinishedError, for its
+	// client.
+	Error string
 }
 
 // Stats is an engine's load after a step.

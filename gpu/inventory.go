@@ -11,6 +11,9 @@ import (
 const (
 	SourceNVML    = "nvml"
 	SourceVirtual = "virtual"
+	// SourceServers are ranks an engine brings: servers that already
+	// run, one per rank, whatever GPUs this machine has.
+	SourceServers = "servers"
 )
 
 var (
@@ -72,6 +75,9 @@ func (inv Inventory) Select(n int) ([]Device, error) {
 // remedy tells the user which knob fixes a shortage; with virtual devices
 // the count is ours to choose, so --gpus is the cheaper fix.
 func remedy(source string) string {
+	if source == SourceServers {
+		return "give the engine one server per local rank, or lower --data-parallel-size-local"
+	}
 	if source == SourceVirtual {
 		return "lower --data-parallel-size-local or raise --gpus (no NVIDIA driver was found, so the GPUs are virtual)"
 	}

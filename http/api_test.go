@@ -19,8 +19,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 	"go.uber.org/goleak"
 
-	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/engine/sim"
+	"github.com/dpnode/dpnode/engines/simengine"
 	"github.com/dpnode/dpnode/node"
 )
 
@@ -50,9 +50,8 @@ func startServer(t testing.TB, timeScale float64, mutate ...func(*node.Options))
 	o := node.DefaultOptions()
 	o.Host, o.Port = "127.0.0.1", 0
 	o.Bind, o.RPCPort = "127.0.0.1:0", 0
-	o.SimTimeScale = timeScale
+	simengine.Of(o.Engines).TimeScale = timeScale
 	o.APIKeys = []string{apiKey}
-	o.Profiles = dpnode.SimProfiles
 	o.DrainTimeout = 10 * time.Second
 	o.Logger = slog.New(slog.DiscardHandler)
 	for _, f := range mutate {

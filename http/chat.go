@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/ardanlabs/jinja"
@@ -41,9 +42,32 @@ type ChatTemplate interface {
 	Render(msgs []ChatMessage, tools []json.RawMessage) (string, error)
 }
 
+// TokenTemplate is a ChatTemplate that renders a conversation straight to
+// token ids, the model's special tokens included: a server's own
+// template, which answers tokens. Its text is for reading only.
+//
+// Concurrency: safe for concurrent use.
+type TokenTemplate interface {
+	ChatTemplate
+	RenderTokens(msgs []ChatMessage, tools []json.RawMessage) (string, []uint32, error)
+}
+
 // ErrTemplate marks a conversation the template refuses (a role out of
 // order, say): the client's error, answered with 400.
 var ErrTemplate = errors.New("the chat template refused the conversation")
+
+// ErrTemplateServer marks a failure of the server that renders chats for
+// a template (TokenTemplate), not of the conversation: answered with 502.
+var ErrTemplateServer = errors.New("the server that renders chats failed")
+
+// templateError answers a template's failure: the conversation's (400),
+// unless the server that renders it failed (502).
+func templateError(err error) *apiError {
+	if errors.Is(err, ErrTemplateServer) {
+		return &apiError{Status: http.StatusBadGateway, Message: err.Error(), Type: "server_error"}
+	}
+	return badRequest(err.Error(), "messages")
+}
 
 // JinjaTemplate renders a model's own chat template (tokenizer.chat_template
 // in its GGUF, or --chat-template), as Hugging Face's apply_chat_template

@@ -154,9 +154,16 @@ func (s *Server) renderChat(messages []chatMessage, tools []json.RawMessage, add
 			msgs[i].ToolCalls = append(msgs[i].ToolCalls, ChatToolCall{ID: c.ID, Name: c.Function.Name, Arguments: c.Function.Arguments})
 		}
 	}
+	if tt, ok := s.cfg.ChatTemplate.(TokenTemplate); ok {
+		text, tokens, err := tt.RenderTokens(msgs, tools)
+		if err != nil {
+			return "", nil, templateError(err)
+		}
+		return text, tokens, nil
+	}
 	text, err := s.cfg.ChatTemplate.Render(msgs, tools)
 	if err != nil {
-		return "", nil, badRequest(err.Error(), "messages")
+		return "", nil, templateError(err)
 	}
 	if e := s.checkTextLength(len(text), "messages"); e != nil {
 		return "", nil, e

@@ -29,6 +29,7 @@ import (
 	"github.com/dpnode/dpnode/engine/llamacpp"
 	"github.com/dpnode/dpnode/engine/llamacpp/llamacpptest"
 	"github.com/dpnode/dpnode/engine/llamacpp/sampling"
+	"github.com/dpnode/dpnode/engines/llamaengine"
 	"github.com/dpnode/dpnode/node"
 )
 
@@ -48,9 +49,9 @@ func startLlamaNode(t *testing.T, mutate ...func(*node.Options)) *llamaNode {
 	o.Bind, o.RPCPort = "127.0.0.1:0", 0
 	o.Engine = "llamacpp"
 	o.Model = llamacpptest.Model(t)
-	o.Threads = 1
+	llamaengine.Of(o.Engines).Threads = 1
 	o.MaxNumSeqs = 64
-	o.KVCacheMemory = "32MiB"
+	llamaengine.Of(o.Engines).KVCacheMemory = "32MiB"
 	o.GPUs = 2
 	o.DrainTimeout = 10 * time.Second
 	o.Logger = slog.New(slog.DiscardHandler)
@@ -363,7 +364,9 @@ func TestLlamaCppOutputDoesNotDependOnHowItIsServed(t *testing.T) {
 	t.Run("one sequence at a time", func(t *testing.T) {
 		// Room for one stream of 512 tokens: the 32 requests take turns
 		// on it, each reusing the cells the one before gave back.
-		n := startLlamaNode(t, func(o *node.Options) { o.KVCacheMemory, o.MaxModelLen, o.GPUs = "400KiB", 512, 1 })
+		n := startLlamaNode(t, func(o *node.Options) {
+			llamaengine.Of(o.Engines).KVCacheMemory, o.MaxModelLen, o.GPUs = "400KiB", 512, 1
+		})
 		got := make([][]uint32, len(ps))
 		var wg sync.WaitGroup
 		for i, p := range ps {
@@ -530,14 +533,14 @@ func TestLlamaCppFlagsAndModelsItCannotServe(t *testing.T) {
 		{"no model", func(o *node.Options) { o.Model = "" }, "needs --model"},
 		{"missing model", func(o *node.Options) { o.Model = "/nonexistent/model.gguf" }, "/nonexistent/model.gguf"},
 		{"context over the model's", func(o *node.Options) { o.MaxModelLen = 100000 }, "longer than the context"},
-		{"KV cache too small", func(o *node.Options) { o.KVCacheMemory = "64KiB" }, "less than one sequence"},
-		{"bad size", func(o *node.Options) { o.KVCacheMemory = "lots" }, "not a size in bytes"},
+		{"KV cache too small", func(o *node.Options) { llamaengine.Of(o.Engines).KVCacheMemory = "64KiB" }, "less than one sequence"},
+		{"bad size", func(o *node.Options) { llamaengine.Of(o.Engines).KVCacheMemory = "lots" }, "not a size in bytes"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			o := node.DefaultOptions()
 			o.Host, o.Port, o.Bind, o.RPCPort = "127.0.0.1", 0, "127.0.0.1:0", 0
-			o.Engine, o.Model, o.Threads, o.GPUs = "llamacpp", llamacpptest.Model(t), 1, 1
+			o.Engine, o.Model, llamaengine.Of(o.Engines).Threads, o.GPUs = "llamacpp", llamacpptest.Model(t), 1, 1
 			o.Logger = slog.New(slog.DiscardHandler)
 			c.mutate(&o)
 			run, err := node.Start(o)

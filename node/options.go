@@ -5,11 +5,8 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"math"
 	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,8 +16,8 @@ import (
 	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine"
-	"github.com/dpnode/dpnode/engine/llamacpp"
-	"github.com/dpnode/dpnode/engine/sim"
+	"github.com/dpnode/dpnode/engine/registry"
+	"github.com/dpnode/dpnode/engines"
 	httpapi "github.com/dpnode/dpnode/http"
 	"github.com/dpnode/dpnode/http/toolcall"
 )
@@ -81,25 +78,15 @@ type Options struct {
 	InsecureCluster bool
 
 	// Model is the model to serve; ServedModelName the name clients use
-	// (Model when empty).
+	// (the engine's default when empty: Model, or the profile's).
 	Model           string
 	ServedModelName string
-	// Engine selects the executor: "sim" (the calibrated simulated
-	// executor) or "llamacpp" (a GGUF model, Model, in a llama.cpp worker
-	// process per rank).
-	Engine       string
-	SimProfile   string
-	SimTimeScale float64
-	// Threads is the CPU threads each llama.cpp rank computes with; 0
-	// shares the machine's cores among the local ranks.
-	Threads int
-	// KVCacheMemory is each llama.cpp rank's KV cache budget, in bytes
-	// with an optional unit (4GiB, 512MB); empty: from
-	// GPUMemoryUtilization on a GPU, DefaultCPUKVCache on CPU.
-	KVCacheMemory string
-	// GPUMemoryUtilization is the share of a GPU's memory a llama.cpp rank
-	// may use, weights and KV together (vLLM's --gpu-memory-utilization).
-	GPUMemoryUtilization float64
+	// Engine names the engine the ranks run (see engines.All): "sim", the
+	// calibrated simulated executor, by default.
+	Engine string
+	// Engines are each engine's own options, by name; only Engine's are
+	// read. DefaultOptions holds every engine's defaults.
+	Engines map[string]registry.Options
 	// ChatTemplate is a Jinja chat template file that replaces the
 	// model's own.
 	ChatTemplate string
@@ -113,13 +100,6 @@ type Options struct {
 	// TokenizeContentAsText reads chat messages' content as text: a
 	// special token's text typed in it stays text (httpapi.Config.ContentAsText).
 	TokenizeContentAsText bool
-	// KVCacheDtype is the llama.cpp KV cache's element type: auto (the
-	// model's: float32 for an F32 model, else float16), float16 or
-	// float32.
-	KVCacheDtype string
-	// GreedyInGraph says where llama.cpp ranks take greedy rows' argmax:
-	// auto (in the graph when the model runs on a GPU), on or off.
-	GreedyInGraph string
 	// GPUs is the number of virtual GPUs when NVML is absent.
 	GPUs int
 
@@ -176,16 +156,18 @@ type Options struct {
 	// give them.
 	JoinTimeout time.Duration
 
-	// Profiles holds the built-in simulated profiles.
-	Profiles fs.FS
-	Version  string
-	Logger   *slog.Logger
+	Version string
+	Logger  *slog.Logger
 }
 
 // DefaultOptions are the defaults of `dpnode join`.
 func DefaultOptions() Options {
 	// What the node's actors default to is said once, in actors.
 	node := actors.DefaultNodeConfig()
+	engineOpts := make(map[string]registry.Options)
+	for _, e := range engines.All() {
+		engineOpts[e.Name] = e.NewOptions()
+	}
 	return Options{
 		Host:                  "0.0.0.0",
 		Port:                  8000,
@@ -197,12 +179,8 @@ func DefaultOptions() Options {
 		Bind:                  "127.0.0.1:7946",
 		RPCPort:               29550,
 		GossipProfile:         "lan",
-		Engine:                "sim",
-		SimProfile:            "llama-3.1-8b-h100",
-		SimTimeScale:          1,
-		GPUMemoryUtilization:  0.9,
-		KVCacheDtype:          "auto",
-		GreedyInGraph:         "auto",
+		Engine:                engines.All()[0].Name,
+		Engines:               engineOpts,
 		GPUs:                  2,
 		CollectiveTimeout:     node.CollectiveTimeout,
 		BalancePolicy:         dp.PolicyLive,
@@ -236,38 +214,18 @@ func IsFlagError(err error) bool { return errors.Is(err, errFlags) }
 // plan is a checked Options, with defaults resolved except the ones that
 // need the GPUs.
 type plan struct {
-	opts      Options
-	flags     dp.Flags
+	opts  Options
+	flags dp.Flags
+	// engine is the engine's checked plan.
+	engine *registry.Plan
+	// scheduler is the engine's, and served the model name clients use.
 	scheduler engine.SchedulerConfig
 	served    string
 	gossipKey []byte
 	// apiKeys and adminKeys are nil when not set.
 	apiKeys, adminKeys *httpapi.Keys
-	// profile is the simulated engine's; nil for llama.cpp.
-	profile *sim.Profile
-	// experts is the model's expert count under expert parallelism: an
-	// elastic deployment's size must divide it. 0 otherwise.
-	experts int
-	// model, template and kvBytes are the llama.cpp engine's.
-	model    *llamacpp.ModelInfo
-	template *httpapi.JinjaTemplate
-	kvBytes  uint64
-	kvDtype  string
 	// maxConnections is MaxConnections resolved.
 	maxConnections int
-}
-
-// servingProfile is what the engine serves, as other nodes compare it
-// (NodeMeta.profile): the simulated profile's name, or what identifies a
-// GGUF model wherever its file lies.
-func (p *plan) servingProfile() string {
-	if m := p.model; m != nil {
-		return fmt.Sprintf("%s, %d-token vocabulary, %d bytes", m.Architecture, m.VocabSize, m.Bytes)
-	}
-	if p.profile != nil {
-		return p.profile.Name
-	}
-	return ""
 }
 
 func (o Options) dpFlags() dp.Flags {
@@ -319,7 +277,8 @@ func (o Options) check() (*plan, error) {
 	}
 	// The GPU count is not known yet; every rule between flags can be
 	// checked with any count that the flags themselves allow.
-	if _, err := dp.Resolve(p.flags, max(o.GPUs, 1)); err != nil {
+	size, err := dp.Resolve(p.flags, max(o.GPUs, 1))
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errFlags, err)
 	}
 	switch {
@@ -327,29 +286,59 @@ func (o Options) check() (*plan, error) {
 		return nil, flagError("--tool-call-parser must be one of %s, got %q", strings.Join(toolcall.Parsers(), ", "), o.ToolCallParser)
 	case o.EnableAutoToolChoice && o.ToolCallParser == "":
 		return nil, flagError("--enable-auto-tool-choice needs --tool-call-parser (%s), which reads the calls in the model's syntax", strings.Join(toolcall.Parsers(), ", "))
-	case o.Engine != "llamacpp" && (o.ToolCallParser != "" || o.EnableAutoToolChoice):
-		return nil, flagError("--tool-call-parser and --enable-auto-tool-choice need --engine llamacpp: the simulated engine's text cannot hold tool calls")
 	}
-	if o.Engine == "llamacpp" {
-		if err := p.checkLlamaCpp(); err != nil {
-			return nil, err
-		}
-		return p, nil
-	}
-	if err := p.checkSim(); err != nil {
+	if err := p.checkEngine(size); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// checkEngine checks the engine's own flags, and the node's that it reads,
+// and resolves its defaults.
+func (p *plan) checkEngine(size dp.Topology) error {
+	o := p.opts
+	e, err := engines.Lookup(o.Engine)
+	if err != nil {
+		return flagError("%v", err)
+	}
+	opts := o.Engines[e.Name]
+	if opts == nil {
+		opts = e.NewOptions()
+	}
+	n := registry.Node{
+		Model:               o.Model,
+		ChatTemplate:        o.ChatTemplate,
+		MaxNumSeqs:          o.MaxNumSeqs,
+		MaxNumBatchedTokens: o.MaxNumBatchedTokens,
+		MaxModelLen:         o.MaxModelLen,
+		PrefixCaching:       !o.NoPrefixCaching,
+		ExpertParallel:      o.ExpertParallel,
+		LocalSize:           o.DataParallelSizeLocal,
+		Logger:              o.Logger,
+	}
+	if !size.Elastic {
+		n.Size = size.Size
+	}
+	if p.engine, err = opts.Plan(n); err != nil {
+		return flagError("%v", err)
+	}
+	if p.engine.Simulated && (o.ToolCallParser != "" || o.EnableAutoToolChoice) {
+		return flagError("--tool-call-parser and --enable-auto-tool-choice are not used by --engine %s: the simulated engine's text cannot hold tool calls", e.Name)
+	}
+	if o.ExpertParallel && !p.engine.Capabilities.ExpertParallel {
+		return flagError("--enable-expert-parallel is not available with --engine %s", e.Name)
+	}
+	p.scheduler, p.served = p.engine.Scheduler, o.ServedModelName
+	if p.served == "" {
+		p.served = p.engine.Served
+	}
+	return nil
 }
 
 // checkValues rejects flags whose value is out of range on its own: one
 // table of rules, which reads best in one place.
 func (o Options) checkValues() error {
 	switch {
-	case o.Engine != "sim" && o.Engine != "llamacpp":
-		return flagError("--engine %q is not available; the engines are: sim (simulated), llamacpp (a GGUF model)", o.Engine)
-	case o.SimTimeScale < 0 || math.IsNaN(o.SimTimeScale) || math.IsInf(o.SimTimeScale, 0):
-		return flagError("--sim-time-scale must be a finite number at least 0, got %v", o.SimTimeScale)
 	case o.Port < 0 || o.Port > 65535:
 		return flagError("--port must be between 0 and 65535, got %d", o.Port)
 	case o.MetricsPort < -1 || o.MetricsPort > 65535:
@@ -382,54 +371,9 @@ func (o Options) checkValues() error {
 		return flagError("--max-pending-requests must be at least 0 (or -1 for the default), got %d", o.MaxPendingRequests)
 	case o.GossipProfile != "lan" && o.GossipProfile != "local":
 		return flagError("--gossip-profile must be lan or local, got %q", o.GossipProfile)
-	case o.Threads < 0:
-		return flagError("--threads must not be negative, got %d", o.Threads)
-	case !(o.GPUMemoryUtilization > 0 && o.GPUMemoryUtilization <= 1):
-		return flagError("--gpu-memory-utilization must be in (0, 1], got %v", o.GPUMemoryUtilization)
 	case len(o.NodeID) > maxNodeID || strings.ContainsFunc(o.NodeID, func(r rune) bool { return r <= ' ' || r > '~' }):
 		// It travels in the gossiped metadata, which memberlist bounds.
 		return flagError("--node-id must be at most %d printable ASCII characters without spaces, got %q", maxNodeID, o.NodeID)
-	}
-	return nil
-}
-
-// checkSim resolves the simulated engine's profile and the scheduler
-// flags against it.
-func (p *plan) checkSim() error {
-	o := p.opts
-	profile, err := sim.LoadProfile(o.Profiles, o.SimProfile)
-	if err != nil {
-		return fmt.Errorf("%w: --sim-profile: %w", errFlags, err)
-	}
-	p.profile = profile
-	if o.ExpertParallel {
-		if profile.Kind != sim.KindMoE {
-			return flagError("--enable-expert-parallel needs a mixture-of-experts model; the profile %s is %s (try --sim-profile qwen3-30b-a3b-h200)", profile.Name, profile.Kind)
-		}
-		// The group is every rank of the deployment. An elastic one is
-		// checked at each join, by the coordinator (control.Claim.Experts).
-		size, _ := dp.Resolve(p.flags, max(o.GPUs, 1))
-		if !size.Elastic {
-			if err := profile.CheckExpertParallel(size.Size); err != nil {
-				return fmt.Errorf("%w: --enable-expert-parallel: %w", errFlags, err)
-			}
-		}
-		p.experts = profile.MoE.NumExperts
-	}
-	p.served = o.ServedModelName
-	if p.served == "" {
-		p.served = o.Model
-	}
-	if p.served == "" {
-		p.served = profile.Model
-	}
-	p.scheduler = profile.SchedulerConfig()
-	p.scheduler.MaxNumSeqs = orDefault(o.MaxNumSeqs, profile.MaxNumSeqs)
-	p.scheduler.MaxNumBatchedTokens = orDefault(o.MaxNumBatchedTokens, profile.MaxNumBatchedTokens)
-	p.scheduler.MaxModelLen = orDefault(o.MaxModelLen, profile.MaxModelLen)
-	p.scheduler.EnablePrefixCaching = !o.NoPrefixCaching
-	if err := p.scheduler.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", errFlags, err)
 	}
 	return nil
 }
@@ -446,126 +390,6 @@ func (p *plan) topology(gpus int) (dp.Topology, error) {
 
 func (o Options) address() string {
 	return net.JoinHostPort(o.Host, strconv.Itoa(o.Port))
-}
-
-// DefaultCPUKVCache is a llama.cpp rank's KV cache on CPU when
-// --kv-cache-memory-bytes is not given: vLLM's CPU backend's default.
-const DefaultCPUKVCache = 4 << 30
-
-// llamaCppDefaults are the scheduler's defaults for the llama.cpp engine:
-// vLLM's sequences per step, and a step budget of 2,048 tokens, which
-// keeps a long prefill chunk from stalling decodes for long on a CPU.
-var llamaCppDefaults = engine.SchedulerConfig{MaxNumSeqs: 256, MaxNumBatchedTokens: 2048, BlockSize: 16}
-
-// checkLlamaCpp checks the llama.cpp engine's flags against the model
-// file, before any worker starts.
-func (p *plan) checkLlamaCpp() error {
-	o := p.opts
-	switch {
-	case o.Model == "":
-		return flagError("--engine llamacpp needs --model, a GGUF file")
-	case o.ExpertParallel:
-		return flagError("--enable-expert-parallel is not available with --engine llamacpp: llama.cpp has no expert-parallel API (each rank holds the whole model)")
-	case o.SimProfile != DefaultOptions().SimProfile:
-		return flagError("--sim-profile is the simulated engine's; --engine llamacpp serves --model")
-	}
-	p.served = o.ServedModelName
-	info, err := llamacpp.InspectModel(o.Model)
-	if err != nil {
-		return fmt.Errorf("%w: --model: %w", errFlags, err)
-	}
-	p.model = info
-	if _, err := llamacpp.FindWorker(); err != nil {
-		return fmt.Errorf("%w: --engine llamacpp: %w", errFlags, err)
-	}
-	if o.MaxModelLen > info.ContextLength {
-		return flagError("--max-model-len %d is longer than the context of %s, %d tokens", o.MaxModelLen, o.Model, info.ContextLength)
-	}
-	src, from := info.ChatTemplate, o.Model
-	if o.ChatTemplate != "" {
-		b, err := os.ReadFile(o.ChatTemplate)
-		if err != nil {
-			return flagError("--chat-template: %v", err)
-		}
-		src, from = string(b), o.ChatTemplate
-	}
-	if src != "" {
-		if p.template, err = httpapi.NewJinjaTemplate(src, info.BOSToken, info.EOSToken); err != nil {
-			return flagError("the chat template of %s: %v", from, err)
-		}
-	}
-	switch o.KVCacheDtype {
-	case "auto":
-		p.kvDtype = "f16"
-		if info.F32 {
-			p.kvDtype = "f32"
-		}
-	case "float16":
-		p.kvDtype = "f16"
-	case "float32":
-		p.kvDtype = "f32"
-	default:
-		return flagError("--kv-cache-dtype must be auto, float16 or float32, got %q", o.KVCacheDtype)
-	}
-	switch o.GreedyInGraph {
-	case "auto", "on", "off":
-	default:
-		return flagError("--greedy-in-graph must be auto, on or off, got %q", o.GreedyInGraph)
-	}
-	if o.KVCacheMemory != "" {
-		if p.kvBytes, err = parseBytes(o.KVCacheMemory); err != nil {
-			return flagError("--kv-cache-memory-bytes: %v", err)
-		}
-	}
-	if p.served == "" {
-		p.served = o.Model
-	}
-	sc := llamaCppDefaults
-	sc.MaxNumSeqs = min(orDefault(o.MaxNumSeqs, sc.MaxNumSeqs), llamacpp.MaxSequences)
-	if o.MaxNumSeqs > llamacpp.MaxSequences {
-		return flagError("--max-num-seqs %d is more than llama.cpp's %d sequences", o.MaxNumSeqs, llamacpp.MaxSequences)
-	}
-	sc.MaxNumBatchedTokens = orDefault(o.MaxNumBatchedTokens, sc.MaxNumBatchedTokens)
-	sc.MaxModelLen = orDefault(o.MaxModelLen, info.ContextLength)
-	sc.EnablePrefixCaching = !o.NoPrefixCaching
-	// Until a worker says how many streams its memory holds: one per
-	// running sequence, each of the max model length.
-	sc.SequenceSlots, sc.StreamCells = sc.MaxNumSeqs, sc.MaxModelLen
-	sc.NumBlocks = sc.SequenceSlots * ((sc.MaxModelLen + sc.BlockSize - 1) / sc.BlockSize)
-	if err := sc.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", errFlags, err)
-	}
-	p.scheduler = sc
-	return nil
-}
-
-// parseBytes reads a size: a number of bytes with an optional unit, decimal
-// (KB, MB, GB, or k, M, G as vLLM writes them) or binary (KiB, MiB, GiB).
-func parseBytes(s string) (uint64, error) {
-	units := []struct {
-		suffix string
-		mult   uint64
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"TiB", 1 << 40},
-		{"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12}, {"k", 1e3}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}, {"B", 1}}
-	num, mult := strings.TrimSpace(s), uint64(1)
-	for _, u := range units {
-		if strings.HasSuffix(num, u.suffix) {
-			num, mult = strings.TrimSpace(strings.TrimSuffix(num, u.suffix)), u.mult
-			break
-		}
-	}
-	v, err := strconv.ParseFloat(num, 64)
-	if err != nil || v <= 0 || math.IsInf(v, 0) || v*float64(mult) >= 1<<62 {
-		return 0, fmt.Errorf("%q is not a size in bytes (for example 4GiB, 512MB or 1073741824)", s)
-	}
-	return uint64(v * float64(mult)), nil
-}
-
-func orDefault(v, d int) int {
-	if v > 0 {
-		return v
-	}
-	return d
 }
 
 // maxRequests is the API server's bound on requests in flight: what the

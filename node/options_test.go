@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
-	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine/gguf"
 	"github.com/dpnode/dpnode/engine/llamacpp"
+	"github.com/dpnode/dpnode/engines/simengine"
 )
 
 func TestContradictoryFlagsAreRefusedWithOneClearError(t *testing.T) {
@@ -20,8 +20,8 @@ func TestContradictoryFlagsAreRefusedWithOneClearError(t *testing.T) {
 		want   string
 	}{
 		{"unknown engine", func(o *Options) { o.Engine = "vllm" }, `--engine "vllm" is not available`},
-		{"negative time scale", func(o *Options) { o.SimTimeScale = -1 }, "--sim-time-scale must be"},
-		{"unknown profile", func(o *Options) { o.SimProfile = "gpt-9" }, "available profiles: llama-3.1-8b-h100"},
+		{"negative time scale", func(o *Options) { simengine.Of(o.Engines).TimeScale = -1 }, "--sim-time-scale must be"},
+		{"unknown profile", func(o *Options) { simengine.Of(o.Engines).Profile = "gpt-9" }, "available profiles: llama-3.1-8b-h100"},
 		{"local above size", func(o *Options) { o.DataParallelSize, o.DataParallelSizeLocal = 2, 4 }, "--data-parallel-size-local (4) cannot exceed --data-parallel-size (2)"},
 		{"start plus local above size", func(o *Options) {
 			o.DataParallelSize, o.DataParallelSizeLocal, o.DataParallelStartRank = 4, 2, 3
@@ -48,7 +48,6 @@ func TestContradictoryFlagsAreRefusedWithOneClearError(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			o := DefaultOptions()
-			o.Profiles = dpnode.SimProfiles
 			tc.mutate(&o)
 			_, err := o.check()
 			if err == nil || !IsFlagError(err) || !strings.Contains(err.Error(), tc.want) {
@@ -71,7 +70,6 @@ func TestTopologyDefaults(t *testing.T) {
 	}
 	for _, tc := range cases {
 		o := DefaultOptions()
-		o.Profiles = dpnode.SimProfiles
 		o.DataParallelSize, o.DataParallelSizeLocal, o.DataParallelStartRank = tc.size, tc.local, tc.start
 		p, err := o.check()
 		if err != nil {
@@ -86,7 +84,6 @@ func TestTopologyDefaults(t *testing.T) {
 
 func TestTooFewGPUsIsAClearError(t *testing.T) {
 	o := DefaultOptions()
-	o.Profiles = dpnode.SimProfiles
 	o.Host, o.Port = "127.0.0.1", 0
 	o.Bind, o.RPCPort = "127.0.0.1:0", 0
 	o.Logger = slog.New(slog.DiscardHandler)

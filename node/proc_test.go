@@ -119,11 +119,11 @@ func adminPost(url string) (*http.Response, error) {
 
 // nodeArgs are what every test node runs with: one machine, so the local
 // gossip profile; simulated steps at a twentieth of real time, unless
-// extra sets --sim-time-scale.
+// extra sets --sim-time-scale or another --engine.
 func nodeArgs(ip string, extra ...string) []string {
 	args := []string{"join", "--bind", ip + ":7946", "--data-parallel-rpc-port", "29550",
 		"--gossip-profile", "local", "--drain-timeout", "5s"}
-	if !slices.Contains(extra, "--sim-time-scale") {
+	if !slices.Contains(extra, "--sim-time-scale") && !slices.Contains(extra, "--engine") {
 		args = append(args, "--sim-time-scale", "0.05")
 	}
 	return append(args, extra...)

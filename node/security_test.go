@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/control/controltest"
 )
@@ -35,7 +34,6 @@ func TestCertsGossipKeyIsAccepted(t *testing.T) {
 	}
 	o := DefaultOptions()
 	o.GossipKey = strings.TrimSpace(string(key))
-	o.Profiles = dpnode.SimProfiles
 	if _, err := o.check(); err != nil {
 		t.Fatalf("the gossip key dpnode certs wrote: %v", err)
 	}
@@ -77,7 +75,6 @@ func TestClusterPortsOffLoopbackNeedKeyAndTLS(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			o := DefaultOptions()
-			o.Profiles = dpnode.SimProfiles
 			o.Bind, o.GossipKey, o.TLS, o.InsecureCluster, o.Resolver = tc.bind, tc.key, tc.tls, tc.insecure, dns
 			_, err := o.check()
 			if refused := err != nil; refused != tc.refused {
@@ -113,7 +110,7 @@ func TestBindNamesAreResolved(t *testing.T) {
 	// A whole node on IPv6 loopback: the actor transport listens too.
 	for _, bind := range []string{"[::1]:0", "localhost:0"} {
 		o := DefaultOptions()
-		o.Profiles, o.Logger = dpnode.SimProfiles, slog.New(slog.DiscardHandler)
+		o.Logger = slog.New(slog.DiscardHandler)
 		o.Host, o.Port, o.Bind, o.RPCPort = "127.0.0.1", 0, bind, 0
 		run, err := Start(o)
 		if err != nil {
@@ -142,7 +139,7 @@ func TestBindNamesAreResolved(t *testing.T) {
 func TestActorTransportNeedsTheSecret(t *testing.T) {
 	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
 	o := DefaultOptions()
-	o.Profiles, o.Logger = dpnode.SimProfiles, slog.New(slog.DiscardHandler)
+	o.Logger = slog.New(slog.DiscardHandler)
 	o.Host, o.Port, o.Bind, o.RPCPort = "127.0.0.1", 0, "127.0.0.1:0", 0
 	run, err := Start(o)
 	if err != nil {

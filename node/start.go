@@ -19,6 +19,7 @@ import (
 	"github.com/dpnode/dpnode/actors"
 	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
+	"github.com/dpnode/dpnode/engine/registry"
 	"github.com/dpnode/dpnode/gpu"
 	httpapi "github.com/dpnode/dpnode/http"
 )
@@ -74,7 +75,7 @@ type startup struct {
 	httpAddr string
 	cfg      actors.NodeConfig
 	mcfg     control.MembershipConfig
-	eng      *nodeEngine
+	eng      *registry.Opened
 	reg      *prometheus.Registry
 }
 
@@ -90,7 +91,10 @@ func prepare(o Options) (*startup, error) {
 	}
 	o.Bind = p.opts.Bind // resolved
 	s := &startup{o: o, p: p}
-	if s.inv, err = gpu.Discover(gpu.Config{VirtualCount: o.GPUs, Logger: o.Logger}); err != nil {
+	if p.engine.Devices != nil {
+		// The engine's ranks are servers, not GPUs of this machine.
+		s.inv = gpu.Inventory{Devices: p.engine.Devices, Source: gpu.SourceServers}
+	} else if s.inv, err = gpu.Discover(gpu.Config{VirtualCount: o.GPUs, Logger: o.Logger}); err != nil {
 		return nil, err
 	}
 	if s.topo, err = p.topology(len(s.inv.Devices)); err != nil {
@@ -177,7 +181,7 @@ func (s *startup) join(ctx context.Context) error {
 	cfg.Model = p.served
 	cfg.Topology = s.topo
 	cfg.ExpertParallel = o.ExpertParallel
-	cfg.Engine, cfg.Profile = o.Engine, p.servingProfile()
+	cfg.Engine, cfg.Profile = o.Engine, p.engine.Profile
 	s.mcfg = control.MembershipConfig{
 		Name:      cfg.Name,
 		Bind:      o.Bind,
@@ -223,7 +227,7 @@ func (s *startup) join(ctx context.Context) error {
 	}
 	o.Logger.Info("joined; asking the leader for ranks", "ranks", s.topo.LocalSize, "gossip", r.membership.Address())
 	claimCtx, cancel := context.WithTimeout(ctx, o.JoinTimeout)
-	hold, err := r.membership.Claim(claimCtx, control.Claim{Start: start, Count: s.topo.LocalSize, Experts: p.experts}, s.mcfg.Founder)
+	hold, err := r.membership.Claim(claimCtx, control.Claim{Start: start, Count: s.topo.LocalSize, Experts: p.engine.Experts}, s.mcfg.Founder)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("cluster: this node got no ranks: %w", err)
@@ -236,14 +240,14 @@ func (s *startup) join(ctx context.Context) error {
 
 // startEngines opens the engine (a llama.cpp model loads here) and starts
 // the node's actors, returning once every local rank is ready.
-func (s *startup) startEngines(context.Context) error {
+func (s *startup) startEngines(ctx context.Context) error {
 	o, p, r := s.o, s.p, s.r
 	var err error
-	if s.eng, err = p.newEngine(o, s.inv, s.topo); err != nil {
+	if s.eng, err = p.openEngine(ctx, o, s.topo); err != nil {
 		return err
 	}
-	r.closeEngine = s.eng.close
-	s.undo.push(s.eng.close)
+	r.closeEngine = s.eng.Close
+	s.undo.push(s.eng.Close)
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if r.conns != nil {
@@ -260,7 +264,7 @@ func (s *startup) startEngines(context.Context) error {
 	cfg.AwaitMembership = true
 	cfg.Migration, cfg.MaxMigrations = o.Migration, o.MaxMigrations
 	if s.topo.Elastic {
-		cfg.Experts = p.experts
+		cfg.Experts = p.engine.Experts
 	}
 	if r.membership != nil {
 		cfg.Roster = r.membership.Roster()
@@ -276,9 +280,9 @@ func (s *startup) startEngines(context.Context) error {
 	}
 	cfg.Restart.MaxRestarts, cfg.Restart.Window = o.EngineMaxRestarts, o.EngineRestartWindow
 	cfg.CollectiveTimeout = o.CollectiveTimeout
-	cfg.NewCore = s.eng.newCore
-	if s.eng.startTimeout > 0 {
-		cfg.StartTimeout = s.eng.startTimeout
+	cfg.NewCore = s.eng.NewCore
+	if s.eng.StartTimeout > 0 {
+		cfg.StartTimeout = s.eng.StartTimeout
 	}
 	return r.node.Start(*cfg)
 }
@@ -303,9 +307,9 @@ func (s *startup) serve(ctx context.Context) error {
 	if s.topo.ServesAPI() {
 		api, err := httpapi.New(httpapi.Config{
 			Backend:         r.node,
-			Tokenizer:       eng.tokenizer,
-			ChatTemplate:    eng.template,
-			SimulatedEngine: eng.simulated,
+			Tokenizer:       eng.Tokenizer,
+			ChatTemplate:    eng.Template,
+			SimulatedEngine: p.engine.Simulated,
 			ToolCallParser:  o.ToolCallParser,
 			AutoToolChoice:  o.EnableAutoToolChoice,
 			ContentAsText:   o.TokenizeContentAsText,
@@ -330,7 +334,7 @@ func (s *startup) serve(ctx context.Context) error {
 	metricsURL := "none"
 	if o.MetricsPort >= 0 {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.MetricsPort))
-		m, err := httpapi.New(httpapi.Config{Backend: r.node, Tokenizer: eng.tokenizer, MaxModelLen: p.scheduler.MaxModelLen,
+		m, err := httpapi.New(httpapi.Config{Backend: r.node, Tokenizer: eng.Tokenizer, MaxModelLen: p.scheduler.MaxModelLen,
 			APIKeys: p.apiKeys, AdminKeys: p.adminKeys, Gatherer: s.reg, OnDrain: r.RequestDrain, OnLeave: r.RequestLeave,
 			MetricsOnly: true, Version: o.Version, Logger: o.Logger})
 		if err == nil {
@@ -351,7 +355,7 @@ func (s *startup) serve(ctx context.Context) error {
 	}
 	o.Logger.Info("dpnode serving", append([]any{
 		"url", url, "metrics_url", metricsURL, "node", s.cfg.Name, "mode", s.topo.Mode.String(), "model", p.served, "engine", o.Engine},
-		append(eng.describe, "balance_policy", o.BalancePolicy, "ranks", rankRange(s.topo),
+		append(eng.Describe, "balance_policy", o.BalancePolicy, "ranks", rankRange(s.topo),
 			"gpus", s.inv.Source, "gossip", r.membership.Address(), "actors", r.node.Meta().ActorAddress,
 			"seeds", len(o.Seeds), "max_model_len", p.scheduler.MaxModelLen)...)...)
 	return nil

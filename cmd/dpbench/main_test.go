@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	dpnode "github.com/dpnode/dpnode"
+	"github.com/dpnode/dpnode/engines/simengine"
 	"github.com/dpnode/dpnode/node"
 )
 
@@ -49,8 +49,7 @@ func TestAgainstARealNode(t *testing.T) {
 	o := node.DefaultOptions()
 	o.Host, o.Port = "127.0.0.1", 0
 	o.Bind, o.RPCPort = "127.0.0.1:0", 0
-	o.SimTimeScale = 0.05
-	o.Profiles = dpnode.SimProfiles
+	simengine.Of(o.Engines).TimeScale = 0.05
 	o.Logger = slog.New(slog.DiscardHandler)
 	run, err := node.Start(o)
 	if err != nil {

@@ -16,11 +16,13 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
-	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/dp"
 	"github.com/dpnode/dpnode/engine/llamacpp"
+	"github.com/dpnode/dpnode/engine/registry"
+	"github.com/dpnode/dpnode/engines"
 	"github.com/dpnode/dpnode/node"
 )
 
@@ -197,6 +199,8 @@ func envList(name string) []string {
 func newJoinCommand() *cobra.Command {
 	o := node.DefaultOptions()
 	var logLevel string
+	// Each engine's flags, to refuse those of an engine not chosen.
+	engineFlags := make(map[string]*pflag.FlagSet)
 	cmd := &cobra.Command{
 		Use:   "join",
 		Short: "Start a node: one engine per local GPU, and an OpenAI-compatible API server",
@@ -213,7 +217,9 @@ calibrated simulated executor.`,
 			}
 			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			warnSecretFlags(cmd, o.Logger)
-			o.Profiles = dpnode.SimProfiles
+			if err := checkEngineFlags(o.Engine, engineFlags); err != nil {
+				return err
+			}
 			o.Version = version
 			o.PortSet = cmd.Flags().Changed("port")
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
@@ -249,18 +255,16 @@ calibrated simulated executor.`,
 	f.DurationVar(&o.CollectiveTimeout, "ep-collective-timeout", o.CollectiveTimeout, "how long a step waits for a lost rank before the others go on without it")
 	f.StringVar(&o.Model, "model", "", "model to serve: with --engine llamacpp a GGUF file (default: the simulated profile's model)")
 	f.StringVar(&o.ServedModelName, "served-model-name", "", "model name clients use (default: --model)")
-	f.StringVar(&o.Engine, "engine", o.Engine, "executor: sim (the calibrated simulated executor) or llamacpp (--model in llama.cpp, a worker process per rank; make llamacpp installs it)")
-	f.IntVar(&o.Threads, "threads", o.Threads, "llamacpp: CPU threads per rank (default: the cores shared among the local ranks)")
-	f.StringVar(&o.KVCacheMemory, "kv-cache-memory-bytes", "", "llamacpp: KV cache per rank, as 4GiB, 512MB or bytes (default: from --gpu-memory-utilization on GPUs, 4GiB on CPU)")
-	f.Float64Var(&o.GPUMemoryUtilization, "gpu-memory-utilization", o.GPUMemoryUtilization, "llamacpp: share of each GPU's memory a rank uses for weights and KV cache")
-	f.StringVar(&o.ChatTemplate, "chat-template", "", "llamacpp: Jinja chat template file to use instead of the model's own")
+	f.StringVar(&o.Engine, "engine", o.Engine, "what the ranks run: "+engineHelp())
+	f.StringVar(&o.ChatTemplate, "chat-template", "", "Jinja chat template file to use instead of the model's own")
 	f.StringVar(&o.ToolCallParser, "tool-call-parser", "", "llamacpp: read tool calls from the output in the model family's syntax: llama3_json (Llama 3.x), hermes (Qwen 2.5 and 3, Hermes) or mistral")
 	f.BoolVar(&o.EnableAutoToolChoice, "enable-auto-tool-choice", false, "llamacpp: let the model choose to call tools (tool_choice auto, the default when a request has tools); needs --tool-call-parser")
 	f.BoolVar(&o.TokenizeContentAsText, "tokenize-content-as-text", false, "read chat messages' content as text: a special token's text a user types (<|eot_id|>) stays text and cannot end the turn or forge a system one (vLLM reads it as the token)")
-	f.StringVar(&o.GreedyInGraph, "greedy-in-graph", o.GreedyInGraph, "llamacpp: take greedy requests' argmax inside llama.cpp's graph, so that their logits stay on the device: auto (when the model runs on a GPU), on or off")
-	f.StringVar(&o.KVCacheDtype, "kv-cache-dtype", o.KVCacheDtype, "llamacpp: KV cache element type: auto (the model's: float32 for an F32 model, else float16), float16 or float32")
-	f.StringVar(&o.SimProfile, "sim-profile", o.SimProfile, "simulated GPU+model profile: a built-in name or a path to a profile .json")
-	f.Float64Var(&o.SimTimeScale, "sim-time-scale", o.SimTimeScale, "multiply simulated step times by this (0 runs steps at no cost)")
+	for _, e := range engines.All() {
+		fs := registry.FlagSet(e, o.Engines[e.Name])
+		f.AddFlagSet(fs)
+		engineFlags[e.Name] = fs
+	}
 	f.IntVar(&o.GPUs, "gpus", o.GPUs, "virtual GPUs to use where NVML finds no driver")
 	f.StringArrayVar(&o.APIKeys, "api-key", envList("DPNODE_API_KEY"), "require this bearer token on /v1 routes; repeat it to accept several (default: $DPNODE_API_KEY)")
 	f.StringVar(&o.APIKeyFile, "api-key-file", "", "file of API keys, one a line, also accepted; read again when it changes, so keys rotate without a restart")

@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	dpnode "github.com/dpnode/dpnode"
 	"github.com/dpnode/dpnode/control"
 	"github.com/dpnode/dpnode/engine"
 	"github.com/dpnode/dpnode/engine/sim"
@@ -38,24 +37,37 @@ func buildDpnode(t *testing.T) string {
 
 func TestContradictoryFlagsFailBeforeAnythingStarts(t *testing.T) {
 	bin := buildDpnode(t)
-	cases := [][]string{
-		{"--data-parallel-size", "2", "--data-parallel-size-local", "3"},
-		{"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "3"},
-		{"--engine", "nope"},
-		{"--max-num-seqs", "300", "--max-num-batched-tokens", "200"},
-		{"--balance-policy", "least-conn"},
-		{"--bind", "0.0.0.0:0"},
+	cases := []struct {
+		args []string
+		// want is in the error, when not empty.
+		want string
+	}{
+		{[]string{"--data-parallel-size", "2", "--data-parallel-size-local", "3"}, ""},
+		{[]string{"--data-parallel-size", "4", "--data-parallel-size-local", "2", "--data-parallel-start-rank", "3"}, ""},
+		{[]string{"--engine", "nope"}, `--engine "nope" is not available; the engines are: sim (`},
+		{[]string{"--max-num-seqs", "300", "--max-num-batched-tokens", "200"}, ""},
+		{[]string{"--balance-policy", "least-conn"}, ""},
+		{[]string{"--bind", "0.0.0.0:0"}, ""},
+		// An engine's flags belong to it: the engine chosen would ignore
+		// another's.
+		{[]string{"--threads", "2"}, "--threads is the llamacpp engine's; --engine sim does not use it"},
+		{[]string{"--engine", "llamacpp", "--sim-time-scale", "0"}, "--sim-time-scale is the sim engine's; --engine llamacpp does not use it"},
+		{[]string{"--chat-template", "x.jinja"}, "--chat-template is not used by --engine sim"},
 	}
-	for _, args := range cases {
-		cmd := exec.Command(bin, append([]string{"join", "--host", "127.0.0.1", "--port", "0", "--bind", "127.0.0.1:0", "--data-parallel-rpc-port", "0"}, args...)...)
+	for _, c := range cases {
+		// Bounded: a flag that is not refused starts a node that serves
+		// until killed.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, bin, append([]string{"join", "--host", "127.0.0.1", "--port", "0", "--bind", "127.0.0.1:0", "--data-parallel-rpc-port", "0"}, c.args...)...)
 		out, err := cmd.CombinedOutput()
 		var exit *exec.ExitError
 		if !errors.As(err, &exit) || exit.ExitCode() != 1 {
-			t.Fatalf("%v: exit %v, want 1\n%s", args, err, out)
+			t.Fatalf("%v: exit %v, want 1\n%s", c.args, err, out)
 		}
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		if len(lines) != 1 || !strings.HasPrefix(lines[0], "dpnode: invalid flags: ") {
-			t.Fatalf("%v: output %q; want one line with the flag error, before anything starts", args, out)
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], "dpnode: invalid flags: ") || !strings.Contains(lines[0], c.want) {
+			t.Fatalf("%v: output %q; want one line with the flag error (%q), before anything starts", c.args, out, c.want)
 		}
 	}
 }
@@ -258,7 +270,6 @@ func TestCertsThenAClusterOffLoopbackMayStart(t *testing.T) {
 	o := node.DefaultOptions()
 	o.Bind, o.GossipKey = "0.0.0.0:7946", strings.TrimSpace(string(key))
 	o.TLS = control.TLSFiles{Cert: filepath.Join(dir, "node-c.pem"), Key: filepath.Join(dir, "node-c-key.pem"), CA: filepath.Join(dir, "ca.pem")}
-	o.Profiles = dpnode.SimProfiles
 	if err := node.CheckOptions(o); err != nil {
 		t.Fatalf("a node with the files dpnode certs wrote: %v", err)
 	}

@@ -1,0 +1,369 @@
+package openai
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dpnode/dpnode/engine"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fakeServer is an OpenAI-compatible server in the test: it streams the
+// tokens a test gives, and fails as a test tells it to.
+type fakeServer struct {
+	t *testing.T
+	// llama makes it speak llama-server's dialect.
+	llama bool
+	// tokens is what every completion streams, one event each; eos ends
+	// a llama-server's stream with its end token.
+	tokens []uint32
+	// status, when not 200, answers completions with it.
+	status atomic.Int32
+	// healthy is false for a server whose /health fails.
+	healthy atomic.Bool
+	// hold stops streams after their first token until released.
+	hold chan struct{}
+	// bodies are the completions asked for.
+	mu     sync.Mutex
+	bodies []map[string]any
+	srv    *httptest.Server
+}
+
+func newFakeServer(t *testing.T, llama bool, tokens ...uint32) *fakeServer {
+	f := &fakeServer{t: t, llama: llama, tokens: tokens}
+	f.status.Store(http.StatusOK)
+	f.healthy.Store(true)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		if !f.healthy.Load() {
+			http.Error(w, `{"error":{"message":"engine dead"}}`, http.StatusInternalServerError)
+		}
+	})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `{"data":[{"id":"m","max_model_len":4096}]}`)
+	})
+	mux.HandleFunc("GET /props", func(w http.ResponseWriter, _ *http.Request) {
+		if !f.llama {
+			http.NotFound(w, nil)
+			return
+		}
+		fmt.Fprint(w, `{"default_generation_settings":{"n_ctx":4096},"eos_token":"<eos>"}`)
+	})
+	mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `{"tokens":[2]}`)
+	})
+	stream := func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			t.Error(err)
+		}
+		f.mu.Lock()
+		f.bodies = append(f.bodies, body)
+		f.mu.Unlock()
+		if s := int(f.status.Load()); s != http.StatusOK {
+			w.WriteHeader(s)
+			fmt.Fprintf(w, `{"error":{"message":"refused with %d"}}`, s)
+			return
+		}
+		fl := w.(http.Flusher)
+		for i, tok := range f.tokens {
+			var ev string
+			switch {
+			case f.llama:
+				ev = fmt.Sprintf(`{"tokens":[%d],"stop":false}`, tok)
+			default:
+				ev = fmt.Sprintf(`{"choices":[{"index":0,"text":"x","token_ids":[%d],"finish_reason":null}]}`, tok)
+			}
+			fmt.Fprintf(w, "data: %s\n\n", ev)
+			fl.Flush()
+			if i == 0 && f.hold != nil {
+				select {
+				case <-f.hold:
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
+		if f.llama {
+			fmt.Fprint(w, "data: {\"tokens\":[],\"stop\":true,\"stop_type\":\"limit\",\"timings\":{\"cache_n\":3}}\n\n")
+			return
+		}
+		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"text\":\"\",\"token_ids\":[],\"finish_reason\":\"length\"}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":2}}}\n\ndata: [DONE]\n\n")
+	}
+	mux.HandleFunc("POST /v1/completions", stream)
+	mux.HandleFunc("POST /completion", stream)
+	f.srv = httptest.NewServer(mux)
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+func (f *fakeServer) asked() []map[string]any {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]map[string]any(nil), f.bodies...)
+}
+
+// openCore opens a rank's core on the fake server, as a node does.
+func openCore(t *testing.T, f *fakeServer, cfg coreConfig) *core {
+	t.Helper()
+	srv := &server{base: f.srv.URL, model: "m", http: f.srv.Client()}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := awaitServer(ctx, srv, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.dialect = info.dialect
+	if info.dialect == dialectLlamaServer {
+		if srv.eos, err = srv.tokenize(ctx, info.eosText, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if cfg.HealthInterval == 0 {
+		cfg.HealthInterval, cfg.HealthTimeout = time.Hour, time.Second
+	}
+	if cfg.StallTimeout == 0 {
+		cfg.StallTimeout = time.Hour
+	}
+	cfg.MaxModelLen, cfg.Logger = info.maxModelLen, slog.New(slog.DiscardHandler)
+	c := newCore(cfg, srv)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// drive runs the core's steps as the engine actor does, until no request
+// is left or a step fails, and returns the outputs.
+func drive(t *testing.T, c *core) ([]engine.Output, error) {
+	t.Helper()
+	var outs []engine.Output
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for c.HasWork() {
+		st := c.Next()
+		if err := st.Run(ctx); err != nil {
+			return outs, err
+		}
+		outs = st.Finish(outs)
+	}
+	return outs, nil
+}
+
+func add(t *testing.T, c *core, id string, sp engine.SamplingParams) {
+	t.Helper()
+	if err := c.Add(engine.NewRequest{ID: id, Prompt: []uint32{1, 2, 3}, Sampling: sp, Client: id}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// tokensOf gathers each request's tokens and last finish.
+func tokensOf(outs []engine.Output) (map[string][]uint32, map[string]engine.FinishReason) {
+	toks, fin := map[string][]uint32{}, map[string]engine.FinishReason{}
+	for _, o := range outs {
+		toks[o.ID] = append(toks[o.ID], o.NewTokens...)
+		if o.Finish != engine.NotFinished {
+			fin[o.ID] = o.Finish
+		}
+	}
+	return toks, fin
+}
+
+func TestCoreStreamsBothDialects(t *testing.T) {
+	for _, llama := range []bool{false, true} {
+		t.Run(map[bool]string{false: "openai", true: "llama-server"}[llama], func(t *testing.T) {
+			f := newFakeServer(t, llama, 10, 11, 12, 13)
+			c := openCore(t, f, coreConfig{})
+			add(t, c, "a", engine.SamplingParams{MaxTokens: 100})
+			add(t, c, "b", engine.SamplingParams{MaxTokens: 2})
+			outs, err := drive(t, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			toks, fin := tokensOf(outs)
+			if fmt.Sprint(toks["a"]) != "[10 11 12 13]" || fin["a"] != engine.FinishedLength {
+				t.Errorf("a: %v, finish %v; want the server's tokens, then its finish", toks["a"], fin["a"])
+			}
+			// max_tokens is the node's to keep, whatever the server does.
+			if fmt.Sprint(toks["b"]) != "[10 11]" || fin["b"] != engine.FinishedLength {
+				t.Errorf("b: %v, finish %v; want 2 tokens, then length", toks["b"], fin["b"])
+			}
+			cached := 0
+			for _, o := range outs {
+				cached = max(cached, o.NumCachedTokens)
+			}
+			want := map[bool]int{false: 2, true: 3}[llama]
+			if cached != want {
+				t.Errorf("cached tokens %d, want the server's %d", cached, want)
+			}
+			body := f.asked()[0]
+			if llama {
+				if body["return_tokens"] != true || body["n_predict"] == nil {
+					t.Errorf("llama-server body %v: want return_tokens and n_predict", body)
+				}
+			} else if body["return_token_ids"] != true || body["model"] != "m" || fmt.Sprint(body["prompt"]) != "[1 2 3]" {
+				t.Errorf("openai body %v: want the model, a token-id prompt and return_token_ids", body)
+			}
+		})
+	}
+}
+
+// TestCoreStopsOnStopTokens: a stop token ends the output with it, and a
+// llama-server's end token ends it as dpnode's engines do.
+func TestCoreStopsOnStopTokens(t *testing.T) {
+	f := newFakeServer(t, true, 10, 2, 11)
+	c := openCore(t, f, coreConfig{})
+	add(t, c, "eos", engine.SamplingParams{MaxTokens: 100})
+	add(t, c, "ignore", engine.SamplingParams{MaxTokens: 100, IgnoreEOS: true, StopTokenIDs: []uint32{11}})
+	outs, err := drive(t, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, fin := tokensOf(outs)
+	if fmt.Sprint(toks["eos"]) != "[10 2]" || fin["eos"] != engine.FinishedStop {
+		t.Errorf("eos: %v %v; want [10 2] and stop", toks["eos"], fin["eos"])
+	}
+	if fmt.Sprint(toks["ignore"]) != "[10 2 11]" || fin["ignore"] != engine.FinishedStop {
+		t.Errorf("ignore: %v %v; want [10 2 11] and stop", toks["ignore"], fin["ignore"])
+	}
+}
+
+// TestCoreContinuesAMovedRequest: a request that comes with output from
+// another rank is sent as its prompt plus that output, for what is left.
+func TestCoreContinuesAMovedRequest(t *testing.T) {
+	f := newFakeServer(t, false, 10, 11, 12)
+	c := openCore(t, f, coreConfig{})
+	err := c.Add(engine.NewRequest{ID: "m", Prompt: []uint32{1, 2}, Output: []uint32{7, 8}, Sampling: engine.SamplingParams{MaxTokens: 4, MinTokens: 3}, Client: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	outs, err := drive(t, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks, fin := tokensOf(outs)
+	if fmt.Sprint(toks["m"]) != "[10 11]" || fin["m"] != engine.FinishedLength {
+		t.Errorf("got %v %v; want the two tokens left", toks["m"], fin["m"])
+	}
+	body := f.asked()[0]
+	if fmt.Sprint(body["prompt"]) != "[1 2 7 8]" || body["max_tokens"] != 2.0 || body["min_tokens"] != 1.0 {
+		t.Errorf("body %v: want prompt and output as the prompt, and the tokens left", body)
+	}
+}
+
+// TestCoreRequestErrors: a refusal (4xx), or a 5xx from a server whose
+// health is fine, fails the request alone with the server's message; a
+// 5xx with failing health is the server's death.
+func TestCoreRequestErrors(t *testing.T) {
+	for _, status := range []int{http.StatusBadRequest, http.StatusInternalServerError} {
+		f := newFakeServer(t, false, 10)
+		c := openCore(t, f, coreConfig{})
+		f.status.Store(int32(status))
+		add(t, c, "r", engine.SamplingParams{MaxTokens: 5})
+		outs, err := drive(t, c)
+		if err != nil {
+			t.Fatalf("%d: the rank failed: %v", status, err)
+		}
+		if len(outs) != 1 || outs[0].Finish != engine.FinishedError || !strings.Contains(outs[0].Error, fmt.Sprint("refused with ", status)) {
+			t.Fatalf("%d: outputs %+v; want one error with the server's message", status, outs)
+		}
+	}
+	f := newFakeServer(t, false, 10)
+	c := openCore(t, f, coreConfig{})
+	f.status.Store(http.StatusInternalServerError)
+	f.healthy.Store(false)
+	add(t, c, "r", engine.SamplingParams{MaxTokens: 5})
+	_, err := drive(t, c)
+	var ee *engineError
+	if !errors.As(err, &ee) {
+		t.Fatalf("a 5xx with failing health: %v; want the server's failure", err)
+	}
+}
+
+// TestCoreDetectsADeadOrHungServer: failing health kills the rank, and so
+// do streams that stall past the timeout.
+func TestCoreDetectsADeadOrHungServer(t *testing.T) {
+	t.Run("health", func(t *testing.T) {
+		f := newFakeServer(t, false, 10, 11)
+		f.hold = make(chan struct{})
+		defer close(f.hold)
+		c := openCore(t, f, coreConfig{HealthInterval: 20 * time.Millisecond, HealthTimeout: time.Second})
+		add(t, c, "r", engine.SamplingParams{MaxTokens: 5})
+		f.healthy.Store(false)
+		if _, err := drive(t, c); err == nil || !strings.Contains(err.Error(), "stopped answering /health") {
+			t.Fatalf("got %v; want the server dead by its health", err)
+		}
+		select {
+		case <-c.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("Done not closed")
+		}
+	})
+	t.Run("stall", func(t *testing.T) {
+		f := newFakeServer(t, false, 10, 11)
+		f.hold = make(chan struct{})
+		defer close(f.hold)
+		c := openCore(t, f, coreConfig{StallTimeout: 300 * time.Millisecond})
+		add(t, c, "r", engine.SamplingParams{MaxTokens: 5})
+		if _, err := drive(t, c); err == nil || !strings.Contains(err.Error(), "gave no output") {
+			t.Fatalf("got %v; want the server hung", err)
+		}
+	})
+}
+
+// TestCoreAbortEndsTheServersRequest: an aborted request's stream is
+// closed, so that the server stops computing it.
+func TestCoreAbortEndsTheServersRequest(t *testing.T) {
+	f := newFakeServer(t, false, 10, 11)
+	f.hold = make(chan struct{})
+	defer close(f.hold)
+	c := openCore(t, f, coreConfig{})
+	add(t, c, "r", engine.SamplingParams{MaxTokens: 5})
+	st := c.Next()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := st.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	outs := st.Finish(nil)
+	if len(outs) != 1 || fmt.Sprint(outs[0].NewTokens) != "[10]" {
+		t.Fatalf("outputs %+v; want the first token", outs)
+	}
+	c.Abort("r")
+	if c.HasWork() || len(c.IDs(func(any) bool { return true })) != 0 {
+		t.Fatal("the aborted request is still held")
+	}
+	// Close waits for every stream: it returns once the aborted one has
+	// ended, which the server sees as its client gone.
+	done := make(chan struct{})
+	go func() { c.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the aborted stream did not end")
+	}
+}
+
+// TestCoreRefusesWhatItCannotForward: log-probabilities and grammars are
+// not forwarded; saying so beats answering without them.
+func TestCoreRefusesWhatItCannotForward(t *testing.T) {
+	f := newFakeServer(t, false, 10)
+	c := openCore(t, f, coreConfig{})
+	for _, sp := range []engine.SamplingParams{{MaxTokens: 5, Logprobs: true}, {MaxTokens: 5, Grammar: "root ::= \"a\""}} {
+		if err := c.Add(engine.NewRequest{ID: "x", Prompt: []uint32{1}, Sampling: sp, Client: "x"}); err == nil {
+			t.Errorf("%+v accepted", sp)
+		}
+	}
+}

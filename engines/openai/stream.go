@@ -1,0 +1,293 @@
+package openai
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/dpnode/dpnode/engine"
+)
+
+// completionBody is a token-id completion in the OpenAI dialect, with
+// vLLM's extensions (which dpnode takes too).
+type completionBody struct {
+	Model             string             `json:"model"`
+	Prompt            []uint32           `json:"prompt"`
+	MaxTokens         int                `json:"max_tokens"`
+	Stream            bool               `json:"stream"`
+	StreamOptions     *streamOptions     `json:"stream_options,omitempty"`
+	ReturnTokenIDs    bool               `json:"return_token_ids"`
+	Temperature       float32            `json:"temperature"`
+	TopP              float32            `json:"top_p"`
+	TopK              int                `json:"top_k,omitempty"`
+	MinP              float32            `json:"min_p,omitempty"`
+	PresencePenalty   float32            `json:"presence_penalty,omitempty"`
+	FrequencyPenalty  float32            `json:"frequency_penalty,omitempty"`
+	RepetitionPenalty float32            `json:"repetition_penalty,omitempty"`
+	Seed              *int64             `json:"seed,omitempty"`
+	IgnoreEOS         bool               `json:"ignore_eos,omitempty"`
+	MinTokens         int                `json:"min_tokens,omitempty"`
+	StopTokenIDs      []uint32           `json:"stop_token_ids,omitempty"`
+	LogitBias         map[string]float32 `json:"logit_bias,omitempty"`
+	CacheSalt         string             `json:"cache_salt,omitempty"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// llamaBody is a token-id completion in llama-server's own dialect.
+type llamaBody struct {
+	Prompt           []uint32     `json:"prompt"`
+	NPredict         int          `json:"n_predict"`
+	Stream           bool         `json:"stream"`
+	ReturnTokens     bool         `json:"return_tokens"`
+	CachePrompt      bool         `json:"cache_prompt"`
+	Temperature      float32      `json:"temperature"`
+	TopP             float32      `json:"top_p"`
+	TopK             int          `json:"top_k"`
+	MinP             float32      `json:"min_p"`
+	PresencePenalty  float32      `json:"presence_penalty"`
+	FrequencyPenalty float32      `json:"frequency_penalty"`
+	RepeatPenalty    float32      `json:"repeat_penalty"`
+	Seed             *int64       `json:"seed,omitempty"`
+	IgnoreEOS        bool         `json:"ignore_eos,omitempty"`
+	LogitBias        [][2]float64 `json:"logit_bias,omitempty"`
+}
+
+// body is the request for r's prompt, and its output so far (a request
+// moved from another rank continues from it), in the server's dialect.
+func (s *server) body(r *request) (path string, body any) {
+	sp := &r.sampling
+	prompt := append(append(make([]uint32, 0, len(r.prompt)+len(r.output)), r.prompt...), r.output...)
+	maxTokens := sp.MaxTokens - len(r.output)
+	topP := sp.TopP
+	if topP == 0 {
+		topP = 1
+	}
+	if s.dialect == dialectLlamaServer {
+		b := &llamaBody{Prompt: prompt, NPredict: maxTokens, Stream: true, ReturnTokens: true, CachePrompt: true,
+			Temperature: sp.Temperature, TopP: topP, TopK: sp.TopK, MinP: sp.MinP,
+			PresencePenalty: sp.PresencePenalty, FrequencyPenalty: sp.FrequencyPenalty, RepeatPenalty: sp.RepetitionPenalty,
+			Seed: sp.Seed, IgnoreEOS: sp.IgnoreEOS}
+		if b.RepeatPenalty == 0 {
+			b.RepeatPenalty = 1
+		}
+		for id, v := range sp.LogitBias {
+			b.LogitBias = append(b.LogitBias, [2]float64{float64(id), float64(v)})
+		}
+		return "/completion", b
+	}
+	b := &completionBody{Model: s.model, Prompt: prompt, MaxTokens: maxTokens, Stream: true, ReturnTokenIDs: true,
+		StreamOptions: &streamOptions{IncludeUsage: true},
+		Temperature:   sp.Temperature, TopP: topP, TopK: sp.TopK, MinP: sp.MinP,
+		PresencePenalty: sp.PresencePenalty, FrequencyPenalty: sp.FrequencyPenalty, RepetitionPenalty: sp.RepetitionPenalty,
+		Seed: sp.Seed, IgnoreEOS: sp.IgnoreEOS, MinTokens: max(sp.MinTokens-len(r.output), 0), StopTokenIDs: sp.StopTokenIDs,
+		CacheSalt: r.cacheSalt}
+	if len(sp.LogitBias) > 0 {
+		b.LogitBias = make(map[string]float32, len(sp.LogitBias))
+		for id, v := range sp.LogitBias {
+			b.LogitBias[strconv.FormatUint(uint64(id), 10)] = v
+		}
+	}
+	return "/v1/completions", b
+}
+
+// chunk is what one event of a stream says, in either dialect.
+type chunk struct {
+	tokens []uint32
+	finish engine.FinishReason
+	// cached is the prompt tokens the server found in its cache, when it
+	// says; -1 when not.
+	cached int
+}
+
+// openAIChunk is a streamed completion chunk with vLLM's token ids.
+type openAIChunk struct {
+	Choices []struct {
+		TokenIDs     []uint32 `json:"token_ids"`
+		FinishReason *string  `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		Details *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	} `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// llamaChunk is a streamed llama-server /completion event.
+type llamaChunk struct {
+	Tokens   []uint32 `json:"tokens"`
+	Stop     bool     `json:"stop"`
+	StopType string   `json:"stop_type"`
+	Cached   *int     `json:"tokens_cached"`
+	Timings  *struct {
+		CacheN *int `json:"cache_n"`
+	} `json:"timings"`
+	Error *struct {
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// errStreamEnded is a stream that ended before its request finished: the
+// server went away mid-answer.
+var errStreamEnded = errors.New("the stream ended before the request finished")
+
+// decode reads one "data:" payload; done is set at the stream's end.
+func (s *server) decode(data []byte) (c chunk, done bool, err error) {
+	c.cached = -1
+	if s.dialect == dialectLlamaServer {
+		var m llamaChunk
+		if err := json.Unmarshal(data, &m); err != nil {
+			return c, false, fmt.Errorf("a stream event of %s: %w", s.base, err)
+		}
+		if m.Error != nil {
+			return c, false, &requestError{msg: m.Error.Message}
+		}
+		c.tokens = m.Tokens
+		if m.Stop {
+			done = true
+			switch m.StopType {
+			case "eos", "word":
+				c.finish = engine.FinishedStop
+			default:
+				c.finish = engine.FinishedLength
+			}
+			if m.Timings != nil && m.Timings.CacheN != nil {
+				c.cached = *m.Timings.CacheN
+			}
+		}
+		return c, done, nil
+	}
+	if bytes.Equal(data, []byte("[DONE]")) {
+		return c, true, nil
+	}
+	var m openAIChunk
+	if err := json.Unmarshal(data, &m); err != nil {
+		return c, false, fmt.Errorf("a stream event of %s: %w", s.base, err)
+	}
+	if m.Error != nil {
+		return c, false, &requestError{msg: m.Error.Message}
+	}
+	if m.Usage != nil && m.Usage.Details != nil {
+		c.cached = m.Usage.Details.CachedTokens
+	}
+	for _, ch := range m.Choices {
+		c.tokens = append(c.tokens, ch.TokenIDs...)
+		if ch.FinishReason != nil {
+			switch *ch.FinishReason {
+			case "stop":
+				c.finish = engine.FinishedStop
+			case "length":
+				c.finish = engine.FinishedLength
+			default:
+				c.finish = engine.FinishedAbort
+			}
+		}
+	}
+	return c, false, nil
+}
+
+// requestError is a server's refusal of one request (a 4xx, or a 5xx
+// while its health says it serves): the request fails, the rank goes on.
+type requestError struct {
+	msg string
+}
+
+func (e *requestError) Error() string { return e.msg }
+
+// stream runs one request against the server and posts what comes back;
+// it returns when the request finishes, fails or is aborted (ctx).
+func (c *core) stream(ctx context.Context, r *request) {
+	defer c.wg.Done()
+	path, body := c.srv.body(r)
+	resp, err := c.srv.request(ctx, http.MethodPost, path, body)
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		c.post(ctx, event{req: r, err: c.classify(ctx, err)})
+		return
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	// last is the finishing chunk, held until the stream ends: the
+	// OpenAI dialect tells the cache hit in a usage chunk after it.
+	var last *chunk
+	for sc.Scan() {
+		line := sc.Bytes()
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
+		if !ok {
+			continue
+		}
+		ch, done, err := c.srv.decode(bytes.TrimSpace(data))
+		if err != nil {
+			c.post(ctx, event{req: r, err: err})
+			return
+		}
+		c.touch()
+		switch {
+		case last != nil:
+			if ch.cached >= 0 {
+				last.cached = ch.cached
+			}
+		case ch.finish != engine.NotFinished:
+			last = &ch
+		case len(ch.tokens) > 0 || ch.cached >= 0:
+			if !c.post(ctx, event{req: r, chunk: ch}) {
+				return
+			}
+		}
+		if done {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	switch err := sc.Err(); {
+	case last != nil:
+		// Finished, whatever came after.
+		c.post(ctx, event{req: r, chunk: *last})
+	case err != nil:
+		c.post(ctx, event{req: r, err: &engineError{err: fmt.Errorf("%s: %w", c.srv.base, err)}})
+	default:
+		c.post(ctx, event{req: r, err: &engineError{err: fmt.Errorf("%s: %w", c.srv.base, errStreamEnded)}})
+	}
+}
+
+// engineError is a failure of the server itself: the rank restarts and
+// its requests move.
+type engineError struct {
+	err error
+}
+
+func (e *engineError) Error() string { return e.err.Error() }
+func (e *engineError) Unwrap() error { return e.err }
+
+// classify tells a request's failure from the server's: a refusal (4xx),
+// or a 5xx while /health still answers, fails the request alone;
+// anything else (refused or reset connections, a 5xx from a server whose
+// health fails too) is the server's.
+func (c *core) classify(ctx context.Context, err error) error {
+	var se *statusError
+	if !errors.As(err, &se) {
+		return &engineError{err: err}
+	}
+	if se.status < 500 {
+		return &requestError{msg: se.msg}
+	}
+	if herr := c.srv.health(ctx, c.cfg.HealthTimeout); herr != nil {
+		return &engineError{err: fmt.Errorf("%w; and its health: %v", err, herr)}
+	}
+	return &requestError{msg: se.msg}
+}

@@ -61,10 +61,13 @@ browser-test:
 
 # The fault-injection suite: load on a three-node cluster while engines,
 # actors and nodes crash, hang and lose their network (nftables, as root).
-# CI runs a short form; CHAOS_DURATION=10m is the full one.
+# CI runs a short form; CHAOS_DURATION=10m is the full one. CHAOS_ENGINE
+# picks the nodes' engine: sim, or openai (each node in front of two
+# servers of its own, which are killed among the faults).
 CHAOS_DURATION ?= 10m
+CHAOS_ENGINE ?= sim
 chaos:
-	go test -tags chaos -run TestChaos -timeout 30m -v -count=1 ./node -chaos.duration=$(CHAOS_DURATION)
+	go test -tags chaos -run TestChaos -timeout 30m -v -count=1 ./node -chaos.duration=$(CHAOS_DURATION) -chaos.engine=$(CHAOS_ENGINE)
 
 # The chaos suite on the llama.cpp engine: the test model on every rank,
 # and model and tokenizer workers killed among the other faults.
@@ -160,7 +163,7 @@ llamacpp-test: llamacpp
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m ./engine/llamacpp/...
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'ChatTemplates|ContentAsText' ./http/
 	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 10m -run 'LlamaCpp' ./engine/grammar/
-	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m -run 'LlamaCpp' ./node/
+	$(LLAMACPP_TEST_ENV) go test -tags llamacpp -race -count=1 -timeout 20m -run 'LlamaCpp|OpenAIEngine' ./node/
 	$(LLAMACPP_TEST_ENV) go test -tags 'chaos llamacpp' -race -count=1 -timeout 10m -run 'LlamaCppAPIServerCrash' ./node/
 
 clean:

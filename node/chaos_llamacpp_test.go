@@ -18,7 +18,7 @@ import (
 // node's tokenizer worker.
 func init() {
 	chaosEngines["llamacpp"] = chaosEngineKind{
-		args: func(t *testing.T) []string {
+		args: func(t *testing.T, _ string) []string {
 			return []string{"--engine", "llamacpp", "--model", llamacpptest.Model(t), "--threads", "1",
 				"--kv-cache-memory-bytes", "16MiB", "--max-num-seqs", "32"}
 		},

@@ -238,13 +238,17 @@ func (c *core) Close() error {
 }
 
 // Stats are the rank's load: dpnode's own exact count of the requests in
-// flight, split as the server's metrics say, and its KV use when it
+// flight, split as the server's metrics say (with what it serves other
+// clients, while this node has requests there), and its KV use when it
 // tells.
 func (c *core) Stats() engine.Stats {
 	st := c.stats
 	n := len(c.reqs)
 	running, waiting := c.srvRunning.Load(), c.srvWaiting.Load()
 	switch {
+	case n == 0:
+		// Idle as far as the node knows: the server's figures lag by up
+		// to a read of its metrics, and an idle rank reports no more.
 	case running < 0 || waiting < 0:
 		st.NumRunning = n
 	case int(running+waiting) >= n:
@@ -254,7 +258,7 @@ func (c *core) Stats() engine.Stats {
 		// Requests sent since the server was last read wait.
 		st.NumRunning, st.NumWaiting = int(running), n-int(running)
 	}
-	if kv := bitsFloat(c.srvKV.Load()); kv == kv {
+	if kv := bitsFloat(c.srvKV.Load()); kv == kv && n > 0 {
 		st.KVUsage = kv
 	}
 	return st

@@ -74,6 +74,12 @@ type Capabilities struct {
 	PrefixHashes bool
 	// KVUsage: Stats.KVUsage measures the engine's KV cache.
 	KVUsage bool
+	// Logprobs: the engine computes log-probabilities of output and
+	// prompt tokens (SamplingParams.Logprobs, PromptLogprobs).
+	Logprobs bool
+	// Grammar: the engine constrains output to a grammar (structured
+	// output, SamplingParams.Grammar).
+	Grammar bool
 }
 
 // BatchCore is a Core whose every step is a Batch that dpnode's scheduler

@@ -56,6 +56,9 @@ type fieldRule struct {
 	// simRefuses marks a field applied by the llama.cpp engine that the
 	// simulated one cannot honour: a 400 there unless neutral.
 	simRefuses bool
+	// needs is what the engine must do to honour the field: a 400 under
+	// an engine that lacks it (Config.EngineLacks), unless neutral.
+	needs feature
 	// check, when not nil, validates any value: it returns what is wrong,
 	// or "".
 	check func(v []byte) string
@@ -76,6 +79,41 @@ func noEffect(name, why string) fieldRule { return fieldRule{name: name, use: fi
 // unless neutral.
 func (r fieldRule) notSimulated(neutral func([]byte) bool, why string) fieldRule {
 	r.simRefuses, r.neutral, r.why = true, neutral, why
+	return r
+}
+
+// feature is something an engine may lack (engine.Capabilities).
+type feature uint8
+
+const (
+	featureLogprobs feature = iota + 1
+	featureGrammar
+)
+
+// Lacks is what the ranks' engine cannot do, as engine.Capabilities says
+// (turned around, so that the zero Config refuses nothing).
+type Lacks struct {
+	Logprobs, Grammar bool
+}
+
+func (l Lacks) has(f feature) bool {
+	switch f {
+	case featureLogprobs:
+		return l.Logprobs
+	case featureGrammar:
+		return l.Grammar
+	}
+	return false
+}
+
+var lackWhy = map[feature]string{
+	featureLogprobs: "the engine returns no log-probabilities",
+	featureGrammar:  "the engine takes no grammar or schema",
+}
+
+// need returns r refused, unless neutral, under an engine that lacks f.
+func (r fieldRule) need(f feature) fieldRule {
+	r.needs = f
 	return r
 }
 
@@ -121,27 +159,27 @@ var commonFieldRules = []fieldRule{
 	// vLLM adds no spaces around special tokens with a fast tokenizer,
 	// whatever this says; nor does dpnode.
 	applied("spaces_between_special_tokens"),
-	applied("prompt_logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(isNull, "it computes no log-probabilities"),
+	applied("prompt_logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(isNull, "it computes no log-probabilities").need(featureLogprobs),
 	refused("use_beam_search", nullOrBool(false), "beam search is not supported by this server"),
 	refused("length_penalty", nullOrNumber(1), "beam search is not supported by this server"),
 	refused("bad_words", nullOrEmpty, "banned words are not supported by this server"),
 	refused("allowed_token_ids", nullOrEmpty, "allowed token lists are not supported by this server"),
 	refused("truncate_prompt_tokens", isNull, "prompts are never truncated: a prompt longer than the context is a 400"),
 	refused("priority", nullOrNumber(0), "requests are served in arrival order: this server has no priority scheduling"),
-	applied("response_format").notSimulated(nullOrTextFormat, whyStructured),
-	applied("structured_outputs").notSimulated(isNull, whyStructured),
-	applied("guided_json").notSimulated(isNull, whyStructured),
-	applied("guided_regex").notSimulated(isNull, whyStructured),
-	applied("guided_choice").notSimulated(isNull, whyStructured),
-	applied("guided_grammar").notSimulated(isNull, whyStructured),
+	applied("response_format").notSimulated(nullOrTextFormat, whyStructured).need(featureGrammar),
+	applied("structured_outputs").notSimulated(isNull, whyStructured).need(featureGrammar),
+	applied("guided_json").notSimulated(isNull, whyStructured).need(featureGrammar),
+	applied("guided_regex").notSimulated(isNull, whyStructured).need(featureGrammar),
+	applied("guided_choice").notSimulated(isNull, whyStructured).need(featureGrammar),
+	applied("guided_grammar").notSimulated(isNull, whyStructured).need(featureGrammar),
 }
 
 // chatFieldRules are /v1/chat/completions' own fields.
 var chatFieldRules = []fieldRule{
 	applied("messages"),
 	applied("max_completion_tokens"),
-	applied("logprobs").notSimulated(nullOrBool(false), "it computes no log-probabilities"),
-	applied("top_logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(nullOrNumber(0), "it computes no log-probabilities"),
+	applied("logprobs").notSimulated(nullOrBool(false), "it computes no log-probabilities").need(featureLogprobs),
+	applied("top_logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(nullOrNumber(0), "it computes no log-probabilities").need(featureLogprobs),
 	applied("tools").notSimulated(nullOrEmpty, whyTools),
 	applied("tool_choice").notSimulated(nullOrString("none", "auto"), whyTools),
 	applied("parallel_tool_calls"),
@@ -175,7 +213,7 @@ var chatFieldRules = []fieldRule{
 var completionFieldRules = []fieldRule{
 	applied("prompt"),
 	applied("echo"),
-	applied("logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(isNull, "it computes no log-probabilities"),
+	applied("logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(isNull, "it computes no log-probabilities").need(featureLogprobs),
 	refused("best_of", nullOrNumber(1), "best_of above 1 is not supported, as in vLLM's V1 engine").withCheck(integerFromTo(1, maxChoices)),
 	refused("suffix", nullOrEmpty, "insertion (a suffix) is not supported by this server"),
 	refused("add_special_tokens", nullOrBool(true), "a text prompt always gets the model's start token"),
@@ -329,11 +367,16 @@ func (s *Server) checkField(table *fieldTable, at fieldPath, key, val []byte) (*
 			return r, badRequest(param+" "+msg, param)
 		}
 	}
-	refuse := r.use == fieldRefused || (r.simRefuses && s.cfg.SimulatedEngine)
+	simRefused := r.simRefuses && s.cfg.SimulatedEngine
+	lacked := r.needs != 0 && s.cfg.EngineLacks.has(r.needs)
+	refuse := r.use == fieldRefused || simRefused || lacked
 	if !refuse || isNull(val) || (r.neutral != nil && r.neutral(val)) {
 		return r, nil
 	}
 	param := at.join(r.name)
+	if lacked && !simRefused && r.use != fieldRefused {
+		return r, badRequest(fmt.Sprintf("%s is not supported by --engine %s: %s", param, s.cfg.Engine, lackWhy[r.needs]), param)
+	}
 	if s.cfg.SimulatedEngine {
 		return r, badRequest(fmt.Sprintf("%s is not supported by the simulated engine (--engine sim), whose text is deterministic: %s", param, r.why), param)
 	}

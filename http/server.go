@@ -90,6 +90,10 @@ type Config struct {
 	// text is deterministic: sampling fields the llama.cpp engine refuses
 	// are accepted, and the refusals of the others name the engine.
 	SimulatedEngine bool
+	// Engine names the ranks' engine (--engine), and EngineLacks what it
+	// cannot do: the fields that need it are refused, naming the engine.
+	Engine      string
+	EngineLacks Lacks
 	// ToolCallParser reads tool calls from the output in a model family's
 	// syntax (toolcall.Parsers: llama3_json, hermes, mistral), as vLLM's
 	// --tool-call-parser; "" reads none, and tool_choice required or a

@@ -220,6 +220,17 @@ func TestOpenAIEngineInFrontOfServers(t *testing.T) {
 		})
 	})
 
+	t.Run("what the engine lacks is refused", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for _, body := range []string{`{"prompt":"x","max_tokens":3,"logprobs":2}`, `{"prompt":"x","max_tokens":3,"structured_outputs":{"regex":"a+"}}`} {
+			status, b, err := complete(ctx, front.url, body, nil)
+			if err != nil || status != http.StatusBadRequest || !strings.Contains(string(b), "not supported by --engine openai") {
+				t.Errorf("%s: %d %v %s; want a 400 naming the engine", body, status, err, b)
+			}
+		}
+	})
+
 	t.Run("a hung server's requests move", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()

@@ -310,6 +310,8 @@ func (s *startup) serve(ctx context.Context) error {
 			Tokenizer:       eng.Tokenizer,
 			ChatTemplate:    eng.Template,
 			SimulatedEngine: p.engine.Simulated,
+			Engine:          o.Engine,
+			EngineLacks:     httpapi.Lacks{Logprobs: !p.engine.Capabilities.Logprobs, Grammar: !p.engine.Capabilities.Grammar},
 			ToolCallParser:  o.ToolCallParser,
 			AutoToolChoice:  o.EnableAutoToolChoice,
 			ContentAsText:   o.TokenizeContentAsText,

@@ -9,6 +9,8 @@
 #   dpnode-live    dpnode, two ranks, its live balancing with prefix affinity
 #   dpnode-rr      the same, round robin
 #   dpnode-nopc    dpnode live, --no-enable-prefix-caching
+#   dpnode-openai  the nginx target's two llama-servers, unmodified, with
+#                  dpnode in front (--engine openai) instead of nginx
 # dpnode's KV cache (KV, 2GiB a rank) holds 256 streams of 4,096 tokens: 16
 # run requests, the rest keep finished ones' prefixes. llama-server keeps
 # its prompt cache in up to 8 GiB of host memory (--cache-ram's default).
@@ -65,15 +67,28 @@ dpnode_args=(join --engine llamacpp --model "$MODEL" --host 127.0.0.1 --port 180
   --data-parallel-rpc-port 0 --gpus 2 --threads 1 --kv-cache-dtype float16 --kv-cache-memory-bytes ${KV:-2GiB}
   --max-num-seqs 16 --max-model-len 4096 --log-level warn ${DPNODE_EXTRA:-})
 
+# llama_servers: the two llama-servers the nginx and dpnode-openai targets
+# stand in front of, on 18101 and 18102.
+llama_servers() {
+  for i in 0 1; do
+    "$LLAMA_SERVER" -m "$MODEL" -t 1 -tb 1 -np 16 -c $((16 * 4096)) --host 127.0.0.1 --port $((18101 + i)) --metrics \
+      >>/tmp/dpnode-bench/llama-server.log 2>&1 & PIDS+=($!)
+  done
+  wait_http http://127.0.0.1:18101/v1/models && wait_http http://127.0.0.1:18102/v1/models
+}
+
 start() {
   case "$1" in
   nginx)
-    for i in 0 1; do
-      "$LLAMA_SERVER" -m "$MODEL" -t 1 -tb 1 -np 16 -c $((16 * 4096)) --host 127.0.0.1 --port $((18101 + i)) \
-        >>/tmp/dpnode-bench/llama-server.log 2>&1 & PIDS+=($!)
-    done
-    wait_http http://127.0.0.1:18101/v1/models && wait_http http://127.0.0.1:18102/v1/models
+    llama_servers
     start_nginx 18000 127.0.0.1:18101 127.0.0.1:18102
+    ;;
+  dpnode-openai)
+    # The same two llama-servers, unmodified, with dpnode in front.
+    llama_servers
+    "$DPNODE" join --engine openai --model "$MODEL" --tokenizer "$MODEL" --engine-url http://127.0.0.1:18101 \
+      --engine-url http://127.0.0.1:18102 --host 127.0.0.1 --port 18000 --bind 127.0.0.1:17946 --data-parallel-rpc-port 0 \
+      --log-level warn ${DPNODE_EXTRA:-} 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!)
     ;;
   dpnode-live) "$DPNODE" "${dpnode_args[@]}" --balance-policy live 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
   dpnode-rr) "$DPNODE" "${dpnode_args[@]}" --balance-policy round-robin 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
@@ -109,20 +124,27 @@ out, rounds, rates, targets = sys.argv[1], int(sys.argv[2]), sys.argv[3].split("
 runs = {t: [[json.load(open(f"{out}/trace-cpu-{t}-{rate}-r{r}.json"))["runs"][0] for rate in rates] for r in range(1, rounds + 1)]
         for t in targets}
 rates = [float(r) for r in rates]
-def med(t, i, key, pct):
-    xs = [rs[i][key][pct] for rs in runs[t]]
+def med(t, i, key, pct=None):
+    xs = [rs[i][key][pct] if pct else rs[i][key] for rs in runs[t]]
     return statistics.median(xs), min(xs), max(xs)
 def fmt(v):
     m, lo, hi = v
     u = lambda x: f"{x:.0f}" if x >= 10 else f"{x:.1f}"
     return f"{u(m)} ({u(lo)}-{u(hi)})"
-print("| rate/s | target | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | E2E p99 ms | failed |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| rate/s | target | TTFT p50 ms | TTFT p90 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms | E2E p99 ms | output tok/s | failed |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for i, rate in enumerate(rates):
     for t in targets:
-        cells = [fmt(med(t, i, k, p)) for k, p in [("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("itl_ms", "p50"), ("itl_ms", "p99"), ("e2e_ms", "p99")]]
+        cells = [fmt(med(t, i, k, p)) for k, p in [("ttft_ms", "p50"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("itl_ms", "p50"), ("itl_ms", "p99"),
+                                                   ("e2e_ms", "p99"), ("output_token_throughput", None)]]
         failed = sum(rs[i]["failed"] for rs in runs[t])
         print(f"| {rate:g} | {t} | " + " | ".join(cells) + f" | {failed} |")
+if "nginx" in targets and "dpnode-openai" in targets:
+    print()
+    for i, rate in enumerate(rates):
+        ratio = lambda k, p: med("dpnode-openai", i, k, p)[0] / med("nginx", i, k, p)[0]
+        print(f"rate {rate:g}/s: dpnode in front of the llama-servers / nginx in front of them: TTFT p50 {ratio('ttft_ms', 'p50'):.2f}x, "
+              f"p90 {ratio('ttft_ms', 'p90'):.2f}x, p99 {ratio('ttft_ms', 'p99'):.2f}x, E2E p99 {ratio('e2e_ms', 'p99'):.2f}x")
 if "nginx" in targets and "dpnode-live" in targets:
     print()
     for i, rate in enumerate(rates):

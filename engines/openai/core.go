@@ -17,6 +17,8 @@ import (
 // own, so a moved request continues from its output so far (exactly only
 // where the server is deterministic), their prefix caches key blocks
 // their own way, and their KV use is whatever their metrics say.
+// Log-probabilities and grammars are not forwarded (yet): the API server
+// refuses requests for them.
 var Capabilities = engine.Capabilities{}
 
 // coreConfig is what a rank's core runs with.

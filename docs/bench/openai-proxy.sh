@@ -4,7 +4,9 @@
 # that same server, at 1 and 32 clients in a closed loop, ROUNDS (default
 # 6) rounds whose order alternates. Each run sends fresh prompts (a seed
 # per round and target), so that the server's prompt cache finds nothing
-# a run before it left. The model is trace-cpu.sh's; the server runs
+# a run before it left; a connection per request (llama-server closes
+# kept connections under its clients, which POSTs cannot be retried on).
+# The model is trace-cpu.sh's; the server runs
 # LLAMA_BUILD's llama-server (see trace-cpu.sh for how to build it).
 source "$(dirname "$0")/common.sh"
 ROUNDS=${ROUNDS:-6}
@@ -26,7 +28,7 @@ wait_http http://127.0.0.1:18000/v1/models
 run() { # target url seed clients requests
   local metrics=(); [ "$1" = server ] && metrics=(--metrics-url none)
   "$DPBENCH" --url "$2" "${metrics[@]}" --concurrency "$4" --requests "$5" --input-len fixed:256 --output-len fixed:64 \
-    --temperature 0 --seed "$3" --label "$1" --quiet --out "$OUT/openai-proxy-$1-c$4-r$round.json"
+    --temperature 0 --seed "$3" --label "$1" --quiet --no-keepalive --out "$OUT/openai-proxy-$1-c$4-r$round.json"
 }
 for round in $(seq "$ROUNDS"); do
   order="server dpnode"; [ $((round % 2)) = 0 ] && order="dpnode server"

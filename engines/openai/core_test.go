@@ -36,6 +36,9 @@ type fakeServer struct {
 	healthy atomic.Bool
 	// hold stops streams after their first token until released.
 	hold chan struct{}
+	// drop closes the connections of this many completions before any
+	// answer, as a server does to a keep-alive connection it closes.
+	drop atomic.Int32
 	// bodies are the completions asked for.
 	mu     sync.Mutex
 	bodies []map[string]any
@@ -73,6 +76,15 @@ func newFakeServer(t *testing.T, llama bool, tokens ...uint32) *fakeServer {
 		f.mu.Lock()
 		f.bodies = append(f.bodies, body)
 		f.mu.Unlock()
+		if f.drop.Add(-1) >= 0 {
+			conn, _, err := w.(http.Hijacker).Hijack()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			conn.Close()
+			return
+		}
 		if s := int(f.status.Load()); s != http.StatusOK {
 			w.WriteHeader(s)
 			fmt.Fprintf(w, `{"error":{"message":"refused with %d"}}`, s)
@@ -365,5 +377,34 @@ func TestCoreRefusesWhatItCannotForward(t *testing.T) {
 		if err := c.Add(engine.NewRequest{ID: "x", Prompt: []uint32{1}, Sampling: sp, Client: "x"}); err == nil {
 			t.Errorf("%+v accepted", sp)
 		}
+	}
+}
+
+// TestCoreSendsAgainWhatAClosedConnectionLost: a connection closed before
+// any answer, by a server whose health is fine, costs the request
+// nothing; a server that keeps doing it is a failing server.
+func TestCoreSendsAgainWhatAClosedConnectionLost(t *testing.T) {
+	f := newFakeServer(t, false, 10, 11)
+	c := openCore(t, f, coreConfig{})
+	f.drop.Store(maxTries - 1)
+	add(t, c, "r", engine.SamplingParams{MaxTokens: 5})
+	outs, err := drive(t, c)
+	if err != nil {
+		t.Fatalf("the rank failed: %v", err)
+	}
+	if toks, fin := tokensOf(outs); fmt.Sprint(toks["r"]) != "[10 11]" || fin["r"] != engine.FinishedLength {
+		t.Fatalf("got %v %v; want the whole output", toks["r"], fin["r"])
+	}
+	f.drop.Store(1000)
+	before := len(f.asked())
+	add(t, c, "s", engine.SamplingParams{MaxTokens: 5})
+	var ee *engineError
+	if _, err := drive(t, c); !errors.As(err, &ee) {
+		t.Fatalf("got %v; want the server's failure", err)
+	}
+	// Each of the core's tries may be sent again once by Go's client, on
+	// a fresh connection.
+	if sent := len(f.asked()) - before; sent > 2*maxTries {
+		t.Errorf("sent %d times; want at most %d", sent, 2*maxTries)
 	}
 }

@@ -173,7 +173,10 @@ func (o Options) open(ctx context.Context, s registry.Start, n registry.Node, ur
 		Proxy:               http.ProxyFromEnvironment,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConnsPerHost: 1024,
-		IdleConnTimeout:     90 * time.Second,
+		// Under the servers' own keep-alive (5 s in uvicorn, which vLLM
+		// runs, and in llama-server's cpp-httplib): a connection the
+		// server closed while idle must not be taken for a request.
+		IdleConnTimeout: idleConnTimeout,
 	}}
 	newServer := func(base string) *server { return &server{base: base, key: o.APIKey, model: n.Model, http: client} }
 	op := &registry.Opened{StartTimeout: startTimeout}

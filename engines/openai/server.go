@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -59,11 +61,19 @@ func (e *statusError) Error() string {
 	return fmt.Sprintf("%s answered %d: %s", e.url, e.status, e.msg)
 }
 
+// idleConnTimeout is how long a connection to a server may stay idle
+// before it is closed: under the 5 s after which uvicorn (vLLM) and
+// cpp-httplib (llama-server) close it themselves.
+const idleConnTimeout = 4 * time.Second
+
 // maxErrorBody bounds what is read of an error's body.
 const maxErrorBody = 4 << 10
 
 // request sends a request with the server's key; body, when not nil, is
-// sent as JSON. A status other than 200 is a *statusError.
+// sent as JSON. A status other than 200 is a *statusError. A POST says it
+// may be sent again (X-Idempotency-Key): Go's client then resends it on a
+// fresh connection when the server closed the one it took before reading
+// the request, instead of failing it as a dead server's.
 func (s *server) request(ctx context.Context, method, path string, body any) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
@@ -79,6 +89,7 @@ func (s *server) request(ctx context.Context, method, path string, body any) (*h
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Idempotency-Key", idempotencyKey())
 	}
 	if s.key != "" {
 		req.Header.Set("Authorization", "Bearer "+s.key)
@@ -205,3 +216,8 @@ func (s *server) probe(ctx context.Context) (serverInfo, error) {
 // errWrongModel is a server that serves another model than the node's:
 // starting again does not help.
 var errWrongModel = errors.New("wrong model")
+
+// keys numbers the requests of this process for X-Idempotency-Key.
+var keys atomic.Uint64
+
+func idempotencyKey() string { return "dpnode-" + strconv.FormatUint(keys.Add(1), 36) }

@@ -216,12 +216,24 @@ func (e *requestError) Error() string { return e.msg }
 func (c *core) stream(ctx context.Context, r *request) {
 	defer c.wg.Done()
 	path, body := c.srv.body(r)
-	resp, err := c.srv.request(ctx, http.MethodPost, path, body)
-	if err != nil {
+	var resp *http.Response
+	for try := 1; ; try++ {
+		var err error
+		resp, err = c.srv.request(ctx, http.MethodPost, path, body)
+		if err == nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return
 		}
-		c.post(ctx, event{req: r, err: c.classify(ctx, err)})
+		err = c.classify(ctx, err)
+		var ee *engineError
+		if errors.As(err, &ee) && ee.retry && try < maxTries {
+			// The connection failed before any answer, and the server
+			// still serves: it never ran the request.
+			continue
+		}
+		c.post(ctx, event{req: r, err: err})
 		return
 	}
 	defer resp.Body.Close()
@@ -276,19 +288,29 @@ func (c *core) stream(ctx context.Context, r *request) {
 // its requests move.
 type engineError struct {
 	err error
+	// retry is set for a connection that failed before any answer while
+	// the server's health is fine: the request may be sent again.
+	retry bool
 }
+
+// maxTries bounds the sends of a request whose connection fails before
+// any answer from a server that still serves.
+const maxTries = 3
 
 func (e *engineError) Error() string { return e.err.Error() }
 func (e *engineError) Unwrap() error { return e.err }
 
 // classify tells a request's failure from the server's: a refusal (4xx),
-// or a 5xx while /health still answers, fails the request alone;
-// anything else (refused or reset connections, a 5xx from a server whose
-// health fails too) is the server's.
+// or a 5xx while /health still answers, fails the request alone; a
+// connection that failed before any answer is sent again while /health
+// answers (a keep-alive connection the server closed as it was taken);
+// anything else (refused or reset connections with failing health, a 5xx
+// from a server whose health fails too) is the server's.
 func (c *core) classify(ctx context.Context, err error) error {
 	var se *statusError
 	if !errors.As(err, &se) {
-		return &engineError{err: err}
+		herr := c.srv.health(ctx, c.cfg.HealthTimeout)
+		return &engineError{err: err, retry: herr == nil}
 	}
 	if se.status < 500 {
 		return &requestError{msg: se.msg}

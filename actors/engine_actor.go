@@ -44,9 +44,8 @@ type EngineConfig struct {
 
 // EngineActor runs one rank: it feeds its engine (an engine.Core) the
 // requests and aborts it receives and runs one step at a time off its
-// mailbox. When a
-// step completes it sends one StepOutputs per API server with requests in
-// the step, and reports its stats when they change.
+// mailbox. When a step completes it sends one StepOutputs per API server
+// with requests in the step, and reports its stats when they change.
 type EngineActor struct {
 	cfg EngineConfig
 	// epoch is this incarnation's number, read when the actor is made:

@@ -23,11 +23,11 @@ func TestOpenAIEngineMovesGreedyStreamsExactly(t *testing.T) {
 	model := llamacpptest.Model(t)
 	t.Setenv(llamacpp.WorkerEnv, llamacpptest.Worker(t))
 	var servers []*proc
-	for _, ip := range []string{"127.0.0.225", "127.0.0.226"} {
+	for _, ip := range []string{"127.0.0.238", "127.0.0.239"} {
 		servers = append(servers, startProc(t, ip, nodeArgs(ip, "--host", ip, "--port", "0", "--gpus", "1", "--engine", "llamacpp", "--model", model,
 			"--threads", "1", "--kv-cache-memory-bytes", "16MiB", "--max-num-seqs", "16")...))
 	}
-	front := startProc(t, "127.0.0.224", nodeArgs("127.0.0.224", "--host", "127.0.0.224", "--port", "0", "--engine", "openai", "--model", model,
+	front := startProc(t, "127.0.0.237", nodeArgs("127.0.0.237", "--host", "127.0.0.237", "--port", "0", "--engine", "openai", "--model", model,
 		"--tokenizer", model, "--engine-url", servers[0].url, "--engine-url", servers[1].url, "--engine-health-interval", "200ms")...)
 	front.waitView("both ranks ready", time.Minute, func(v clusterView) bool {
 		return len(v.Ranks) == 2 && v.Ranks[0].Ready && v.Ranks[1].Ready

@@ -120,10 +120,10 @@ func streamText(ctx context.Context, url, body string, first func()) (string, st
 // stream ends on its server; a server that answers errors fails the
 // request alone; and a server that hangs is left, its requests moved.
 func TestOpenAIEngineInFrontOfServers(t *testing.T) {
-	servers := startSimServers(t, "127.0.0.222", "127.0.0.223")
+	servers := startSimServers(t, "127.0.0.234", "127.0.0.235")
 	// The node admits longer requests than the servers take: one that
 	// a server refuses is the test of refusals.
-	front := startOpenAINode(t, "127.0.0.221", servers, "--max-model-len", "65536")
+	front := startOpenAINode(t, "127.0.0.233", servers, "--max-model-len", "65536")
 	front.waitView("both ranks ready", 30*time.Second, func(v clusterView) bool {
 		return len(v.Ranks) == 2 && v.Ranks[0].Ready && v.Ranks[1].Ready
 	})
@@ -221,7 +221,7 @@ func TestOpenAIEngineInFrontOfServers(t *testing.T) {
 	})
 
 	t.Run("a server of another model is refused", func(t *testing.T) {
-		ip := "127.0.0.227"
+		ip := "127.0.0.236"
 		p, err := launch(t, ip, nodeArgs(ip, "--host", ip, "--port", "0", "--engine", "openai", "--model", "other/model",
 			"--engine-url", servers[0].url)...)
 		if err == nil || !strings.Contains(p.logs.String(), "serves "+simModel+", not other/model") {
@@ -267,6 +267,6 @@ func TestOpenAIEngineInFrontOfServers(t *testing.T) {
 				t.Errorf("a stream ended %q with %v; want it whole", r.finish, r.err)
 			}
 		}
-		front.waitLog(`127.0.0.223.*(stopped answering /health|gave no output)`, 5*time.Second)
+		front.waitLog(`127.0.0.235.*(stopped answering /health|gave no output)`, 5*time.Second)
 	})
 }

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -19,7 +18,6 @@ import (
 	"github.com/dpnode/dpnode/engine/llamacpp"
 	"github.com/dpnode/dpnode/engine/registry"
 	"github.com/dpnode/dpnode/gpu"
-	httpapi "github.com/dpnode/dpnode/http"
 )
 
 // Engine is the llama.cpp engine.
@@ -92,30 +90,13 @@ func (o *Options) Plan(n registry.Node) (*registry.Plan, error) {
 	case !(o.GPUMemoryUtilization > 0 && o.GPUMemoryUtilization <= 1):
 		return nil, fmt.Errorf("--gpu-memory-utilization must be in (0, 1], got %v", o.GPUMemoryUtilization)
 	}
-	info, err := llamacpp.InspectModel(n.Model)
+	vocab, err := InspectVocabulary("--model", n.Model, n.ChatTemplate)
 	if err != nil {
-		return nil, fmt.Errorf("--model: %w", err)
+		return nil, err
 	}
-	binary, err := llamacpp.FindWorker()
-	if err != nil {
-		return nil, fmt.Errorf("--engine llamacpp: %w", err)
-	}
+	info := vocab.Info
 	if n.MaxModelLen > info.ContextLength {
 		return nil, fmt.Errorf("--max-model-len %d is longer than the context of %s, %d tokens", n.MaxModelLen, n.Model, info.ContextLength)
-	}
-	src, from := info.ChatTemplate, n.Model
-	if n.ChatTemplate != "" {
-		b, err := os.ReadFile(n.ChatTemplate)
-		if err != nil {
-			return nil, fmt.Errorf("--chat-template: %v", err)
-		}
-		src, from = string(b), n.ChatTemplate
-	}
-	var template *httpapi.JinjaTemplate
-	if src != "" {
-		if template, err = httpapi.NewJinjaTemplate(src, info.BOSToken, info.EOSToken); err != nil {
-			return nil, fmt.Errorf("the chat template of %s: %v", from, err)
-		}
 	}
 	var kvDtype string
 	switch o.KVCacheDtype {
@@ -166,39 +147,37 @@ func (o *Options) Plan(n registry.Node) (*registry.Plan, error) {
 	}
 	opts := *o
 	p.Open = func(ctx context.Context, s registry.Start) (*registry.Opened, error) {
-		return opts.open(ctx, s, n, info, binary, template, sc, kvBytes, kvDtype)
+		return opts.open(ctx, s, n, vocab, sc, kvBytes, kvDtype)
 	}
 	return p, nil
 }
 
-func (o Options) open(ctx context.Context, s registry.Start, n registry.Node, info *llamacpp.ModelInfo, binary string,
-	template *httpapi.JinjaTemplate, sc engine.SchedulerConfig, kvBytes uint64, kvDtype string) (*registry.Opened, error) {
+func (o Options) open(ctx context.Context, s registry.Start, n registry.Node, vocab *Vocabulary, sc engine.SchedulerConfig,
+	kvBytes uint64, kvDtype string) (*registry.Opened, error) {
+	info := vocab.Info
 	threads := o.Threads
 	if threads == 0 {
 		threads = max(1, runtime.NumCPU()/max(s.LocalSize, 1))
 	}
 	op := &registry.Opened{StartTimeout: startTimeout,
 		Describe: []any{"model_file", n.Model, "architecture", info.Architecture, "threads_per_rank", threads, "kv_cache_dtype", kvDtype,
-			"chat_template", template != nil, "max_num_seqs", sc.MaxNumSeqs}}
-	if template != nil {
-		op.Template = template
+			"chat_template", vocab.Template != nil, "max_num_seqs", sc.MaxNumSeqs}}
+	if vocab.Template != nil {
+		op.Template = vocab.Template
 	}
 	if s.ServesAPI {
 		// The API tokenizes before it picks a rank, so an API node with no
 		// ranks of its own needs the model's vocabulary too.
-		tctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		defer cancel()
-		tok, err := llamacpp.NewTokenizer(tctx, llamacpp.WorkerConfig{Binary: binary, Env: []string{llamacpp.WorkerRoleEnv + "=tokenizer"},
-			Logger: s.Logger.With("component", "tokenizer")}, n.Model, llamacpp.TokenizerConfig{})
+		tok, err := vocab.OpenTokenizer(ctx, s.Logger)
 		if err != nil {
-			return nil, fmt.Errorf("the tokenizer of %s: %w", n.Model, err)
+			return nil, err
 		}
 		op.Tokenizer = tok
 		op.Close = func() { _ = tok.Close() }
 	}
 	op.NewCore = func(ctx context.Context, rank int, dev gpu.Device) (engine.Core, error) {
 		cfg := llamacpp.ExecutorConfig{
-			Worker: llamacpp.WorkerConfig{Binary: binary, Env: []string{fmt.Sprintf("%s=rank-%d", llamacpp.WorkerRoleEnv, rank)},
+			Worker: llamacpp.WorkerConfig{Binary: vocab.binary, Env: []string{fmt.Sprintf("%s=rank-%d", llamacpp.WorkerRoleEnv, rank)},
 				Logger: s.Logger.With("rank", rank, "component", "llama.cpp")},
 			Model:         n.Model,
 			Scheduler:     sc,

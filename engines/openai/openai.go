@@ -27,10 +27,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/dpnode/dpnode/engine"
-	"github.com/dpnode/dpnode/engine/llamacpp"
 	"github.com/dpnode/dpnode/engine/registry"
+	"github.com/dpnode/dpnode/engines/llamaengine"
 	"github.com/dpnode/dpnode/gpu"
-	httpapi "github.com/dpnode/dpnode/http"
 )
 
 // Engine is the openai engine.
@@ -108,9 +107,9 @@ func (o *Options) Plan(n registry.Node) (*registry.Plan, error) {
 	if n.LocalSize >= 0 && n.LocalSize != len(urls) {
 		return nil, fmt.Errorf("--data-parallel-size-local %d, but %d --engine-url: with --engine openai each local rank is one server", n.LocalSize, len(urls))
 	}
-	var tok *tokenizerFile
+	var tok *llamaengine.Vocabulary
 	if o.Tokenizer != "" {
-		if tok, err = inspectTokenizer(o.Tokenizer, n.ChatTemplate); err != nil {
+		if tok, err = llamaengine.InspectVocabulary("--tokenizer", o.Tokenizer, n.ChatTemplate); err != nil {
 			return nil, err
 		}
 	}
@@ -168,7 +167,7 @@ func (o *Options) expand(localSize int) ([]string, error) {
 	return urls, nil
 }
 
-func (o Options) open(ctx context.Context, s registry.Start, n registry.Node, urls []string, tok *tokenizerFile, sc engine.SchedulerConfig) (*registry.Opened, error) {
+func (o Options) open(ctx context.Context, s registry.Start, n registry.Node, urls []string, tok *llamaengine.Vocabulary, sc engine.SchedulerConfig) (*registry.Opened, error) {
 	client := &http.Client{Transport: &http.Transport{
 		Proxy:               http.ProxyFromEnvironment,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
@@ -203,7 +202,7 @@ func (o Options) open(ctx context.Context, s registry.Start, n registry.Node, ur
 		}
 	}
 	if sc.MaxModelLen == 0 && tok != nil {
-		sc.MaxModelLen = tok.info.ContextLength
+		sc.MaxModelLen = tok.Info.ContextLength
 	}
 	if sc.MaxModelLen == 0 {
 		sc.MaxModelLen = defaultMaxModelLen
@@ -213,13 +212,13 @@ func (o Options) open(ctx context.Context, s registry.Start, n registry.Node, ur
 	sc.NumBlocks = sc.MaxNumSeqs * ((sc.MaxModelLen + sc.BlockSize - 1) / sc.BlockSize)
 	op.Scheduler = &sc
 	if tok != nil && s.ServesAPI {
-		lt, err := tok.open(ctx, s)
+		lt, err := tok.OpenTokenizer(ctx, s.Logger)
 		if err != nil {
 			return nil, err
 		}
 		op.Tokenizer, op.Close = lt, func() { _ = lt.Close() }
-		if tok.template != nil {
-			op.Template = tok.template
+		if tok.Template != nil {
+			op.Template = tok.Template
 		}
 	}
 	cfg := coreConfig{HealthInterval: o.HealthInterval, HealthTimeout: max(o.HealthInterval, 2*time.Second),
@@ -249,9 +248,9 @@ func (o Options) open(ctx context.Context, s registry.Start, n registry.Node, ur
 	return op, nil
 }
 
-func tokenizerSource(tok *tokenizerFile) string {
+func tokenizerSource(tok *llamaengine.Vocabulary) string {
 	if tok != nil {
-		return tok.path
+		return tok.Path
 	}
 	return "the servers' /tokenize"
 }
@@ -329,52 +328,6 @@ func orDefault(v, d int) int {
 		return v
 	}
 	return d
-}
-
-// tokenizerFile is --tokenizer checked: the model's vocabulary and chat
-// template, read by a llama.cpp worker.
-type tokenizerFile struct {
-	path     string
-	info     *llamacpp.ModelInfo
-	binary   string
-	template *httpapi.JinjaTemplate
-}
-
-func inspectTokenizer(path, chatTemplate string) (*tokenizerFile, error) {
-	info, err := llamacpp.InspectModel(path)
-	if err != nil {
-		return nil, fmt.Errorf("--tokenizer: %w", err)
-	}
-	binary, err := llamacpp.FindWorker()
-	if err != nil {
-		return nil, fmt.Errorf("--tokenizer reads the vocabulary with llama.cpp: %w", err)
-	}
-	t := &tokenizerFile{path: path, info: info, binary: binary}
-	src, from := info.ChatTemplate, path
-	if chatTemplate != "" {
-		b, err := os.ReadFile(chatTemplate)
-		if err != nil {
-			return nil, fmt.Errorf("--chat-template: %v", err)
-		}
-		src, from = string(b), chatTemplate
-	}
-	if src != "" {
-		if t.template, err = httpapi.NewJinjaTemplate(src, info.BOSToken, info.EOSToken); err != nil {
-			return nil, fmt.Errorf("the chat template of %s: %v", from, err)
-		}
-	}
-	return t, nil
-}
-
-func (t *tokenizerFile) open(ctx context.Context, s registry.Start) (*llamacpp.Tokenizer, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	tok, err := llamacpp.NewTokenizer(ctx, llamacpp.WorkerConfig{Binary: t.binary, Env: []string{llamacpp.WorkerRoleEnv + "=tokenizer"},
-		Logger: s.Logger.With("component", "tokenizer")}, t.path, llamacpp.TokenizerConfig{})
-	if err != nil {
-		return nil, fmt.Errorf("the tokenizer of %s: %w", t.path, err)
-	}
-	return tok, nil
 }
 
 // Of returns the openai engine's options among a node's (node.Options'

@@ -311,7 +311,7 @@ func awaitServer(ctx context.Context, srv *server, logger interface{ Info(string
 		} else {
 			last = err
 		}
-		if waited := time.Since(start); waited >= next {
+		if waited := time.Since(start); waited >= next && ctx.Err() == nil {
 			logger.Info("waiting for the server", "waited", waited.Round(time.Second), "last_error", last)
 			next = max(2*next, 5*time.Second)
 		}

@@ -69,10 +69,15 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.HealthInterval, "engine-health-interval", o.HealthInterval, "openai: how often each server's /health is asked; two failures in a row count as a dead server")
 }
 
-// Defaults of the scheduler's bounds where the servers do not say.
+// Defaults of the scheduler's bounds where the servers do not say. The
+// step's tokens are what the balancer counts a server's waiting prefill
+// in: llama-server's default batch (and vLLM's on GPUs under 70 GiB) is
+// 2,048 tokens. On Mooncake's trace in front of two llama-servers, 2,048
+// took dpnode's TTFT p90 from 0.96x nginx's to 0.84x (docs/BENCHMARKS.md,
+// section i); set --max-num-batched-tokens to the servers' own.
 const (
 	defaultMaxNumSeqs  = 256
-	defaultStepTokens  = 8192
+	defaultStepTokens  = 2048
 	defaultMaxModelLen = 8192
 )
 

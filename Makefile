@@ -13,7 +13,7 @@ GO_FILES = $(shell git ls-files '*.go' | grep -v '\.pb\.go$$')
 .PHONY: build run test lint proto proto-check tools bench chaos chaos-llamacpp fuzz clean llamacpp llamacpp-test testmodel browser-test deploy-test
 
 build:
-	go build -o bin/dpnode ./cmd/dpnode
+	go build -buildvcs=auto -o bin/dpnode ./cmd/dpnode
 	go build -o bin/dpbench ./cmd/dpbench
 
 # One node on this machine: simulated engines, one per (virtual) GPU.
@@ -142,7 +142,7 @@ llamacpp: $(LLAMACPP_SRC)/include/llama.h
 	$(if $(LLAMACPP_GPU),ldconfig -p | grep -q libcublas.so.13 || cp $(LLAMACPP_FALLBACK)/*.so bin/llamacpp/)
 	CGO_CFLAGS="$(LLAMACPP_CGO_CFLAGS)" CGO_LDFLAGS='$(LLAMACPP_CGO_LDFLAGS)' \
 		go build -tags llamacpp -o bin/dpnode-llama-worker ./cmd/dpnode-llama-worker
-	go build -o bin/dpnode ./cmd/dpnode
+	go build -buildvcs=auto -o bin/dpnode ./cmd/dpnode
 	@echo "llama.cpp engine ready: bin/dpnode join --engine llamacpp --model FILE.gguf"
 
 # A random-weight model with Llama 3's tokenizer and chat template, as the

@@ -509,7 +509,7 @@ func (a *APIServerActor) dispatch(ctx actor.Context, c *call) {
 		return
 	}
 	s := &sink{id: c.sub.ID, index: c.sub.Index, whole: c.sub.Whole, stream: c.sub.Stream, arrival: c.sub.Arrival, rank: r.rank,
-		metrics: r.metrics, owner: a.self, first: c.moves == 0, p: c.p}
+		metrics: r.metrics, owner: a.self, first: c.moves == 0, moves: c.moves, p: c.p}
 	output, ok := c.p.next(s)
 	if !ok {
 		// Its end is on its way from a local engine.
@@ -662,7 +662,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			continue
 		}
 		out := engine.Output{ID: o.RequestId, NewTokens: o.NewTokenIds, Finish: finishFromWire(o.FinishReason), NumCachedTokens: int(o.NumCachedTokens),
-			Logprobs: logprobsFromWire(o.Logprobs), PromptLogprobs: logprobsFromWire(o.PromptLogprobs)}
+			Queued: time.Duration(o.QueuedNs), Logprobs: logprobsFromWire(o.Logprobs), PromptLogprobs: logprobsFromWire(o.PromptLogprobs)}
 		prefilled, ended := c.sink.deliver(&out, o.Error, now)
 		a.delivered(c, prefilled, ended, out.Finish == engine.FinishedError)
 	}

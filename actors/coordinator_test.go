@@ -24,7 +24,7 @@ func TestCoordinatorIgnoresStatsOfUnknownRanks(t *testing.T) {
 		if _, ok := ctx.Message().(*actor.Started); ok {
 			pids <- ctx.Spawn(actor.PropsFromProducer(NewCoordinatorProducer(CoordinatorConfig{
 				Epoch: 1, Publish: dp.PublishConfig{MinInterval: time.Millisecond, Heartbeat: time.Hour},
-				Roster: control.Roster{Fixed: 2}, Metrics: NewMetrics(prometheus.NewRegistry(), "m"), Logger: slog.New(slog.DiscardHandler),
+				Roster: control.Roster{Fixed: 2}, Metrics: NewMetrics(prometheus.NewRegistry(), "m", 1024), Logger: slog.New(slog.DiscardHandler),
 			})))
 		}
 	}), "coordinator-parent")

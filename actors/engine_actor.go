@@ -60,9 +60,10 @@ type EngineActor struct {
 	core     engine.Core
 	stepCtx  context.Context
 	stopStep context.CancelFunc
-	// starting is the engine start in progress; the actor takes
-	// requests once it has started.
-	starting *coreStarted
+	// starting is the engine start in progress, begun at startedAt; the
+	// actor takes requests once it has started.
+	starting  *coreStarted
+	startedAt time.Time
 	// early holds requests that came before the engine started.
 	early []earlyRequest
 	// inFlight is the running step, nil when idle.
@@ -227,7 +228,10 @@ func (e *EngineActor) Receive(ctx actor.Context) {
 func (e *EngineActor) start(ctx actor.Context) {
 	e.stepCtx, e.stopStep = context.WithCancel(context.Background())
 	started := &coreStarted{done: make(chan struct{})}
-	e.starting = started
+	e.starting, e.startedAt = started, time.Now()
+	if e.cfg.Logger != nil {
+		e.cfg.Logger.Info("rank starting its engine", "device", e.cfg.Device)
+	}
 	newCore, stepCtx, self, root := e.cfg.NewCore, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
 	go func() {
 		defer func() {
@@ -271,6 +275,22 @@ func (e *EngineActor) stop() {
 	}
 }
 
+// readied logs the engine's start and exports its KV cache's
+// configuration.
+func (e *EngineActor) readied() {
+	cc := CacheConfig{}
+	attrs := []any{"device", e.cfg.Device, "took", time.Since(e.startedAt).Round(time.Millisecond)}
+	if c, ok := e.core.(engine.Configured); ok {
+		cfg := c.Config()
+		cc = CacheConfig{BlockSize: cfg.BlockSize, EnablePrefixCaching: cfg.EnablePrefixCaching, NumGPUBlocks: cfg.NumBlocks}
+		attrs = append(attrs, "kv_cache_tokens", cfg.KVTokens(), "max_num_seqs", cfg.MaxNumSeqs, "max_model_len", cfg.MaxModelLen)
+	}
+	e.cfg.Metrics.setCacheConfig(cc)
+	if e.cfg.Logger != nil {
+		e.cfg.Logger.Info("rank ready", attrs...)
+	}
+}
+
 func closeCore(c engine.Core) {
 	if c != nil {
 		_ = c.Close()
@@ -298,6 +318,7 @@ func (e *EngineActor) coreStarted(ctx actor.Context, msg *coreStarted) {
 		waved = bc
 	}
 	e.core = msg.core
+	e.readied()
 	if done := e.core.Done(); done != nil {
 		core, stepCtx, self, root := e.core, e.stepCtx, ctx.Self(), ctx.ActorSystem().Root
 		go func() {
@@ -481,6 +502,7 @@ func (e *EngineActor) finishStep(ctx actor.Context, msg *stepDone) {
 		e.cfg.Metrics.stepTime.Observe(msg.wall.Seconds())
 		e.cfg.Metrics.executorTime.Add(res.Duration.Seconds())
 		e.cfg.Metrics.observeStep(msg.wall, res)
+		e.cfg.Metrics.iterationTokens.Observe(float64(res.ScheduledTokens))
 	}
 	outs := msg.step.Finish(nil)
 	if e.waves != nil {
@@ -536,7 +558,7 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 		ro := &slab[0]
 		slab = slab[1:]
 		ro.RequestId, ro.NewTokenIds, ro.FinishReason = o.ID, o.NewTokens, finishToWire(o.Finish)
-		ro.NumCachedTokens, ro.Attempt, ro.Error = uint32(o.NumCachedTokens), o.Attempt, o.Error
+		ro.NumCachedTokens, ro.Attempt, ro.Error, ro.QueuedNs = uint32(o.NumCachedTokens), o.Attempt, o.Error, int64(o.Queued)
 		ro.Logprobs, ro.PromptLogprobs = logprobsToWire(o.Logprobs), logprobsToWire(o.PromptLogprobs)
 		clients[k].outputs = append(clients[k].outputs, ro)
 	}

@@ -53,6 +53,18 @@ type Outcome struct {
 	PromptTokens int
 	// Latency is from arrival to the end.
 	Latency time.Duration
+	// Of a request that finished (stop or length): the tokens it
+	// generated, from arrival to its first token, and how long its engine
+	// kept it waiting before its first step.
+	GenerationTokens int
+	FirstToken       time.Duration
+	Queued           time.Duration
+	// MaxTokens is the max_tokens the client asked, 0 when it did not.
+	MaxTokens int
+	// N is the call's n on the last of a prompt's n requests to finish,
+	// with MaxGenerationTokens the most any of them generated; 0 on the
+	// others.
+	N, MaxGenerationTokens int
 }
 
 // awaitReady asks the API server to answer with ready once all of its

@@ -20,7 +20,28 @@ var (
 	// simulated at no cost, tens of milliseconds on GPUs.
 	shortBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 	ratioBuckets = []float64{0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1}
+	// A step's tokens, and the n of a call.
+	iterationBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+	paramsNBuckets   = []float64{1, 2, 5, 10, 20}
 )
+
+// tokenBuckets are vLLM's buckets of a request's token counts: 1, 2, 5,
+// 10, 20, 50, ... up to the context length.
+func tokenBuckets(maxModelLen int) []float64 {
+	var b []float64
+	for scale := 1; ; scale *= 10 {
+		for _, m := range []int{1, 2, 5} {
+			if m*scale > maxModelLen {
+				return b
+			}
+			b = append(b, float64(m*scale))
+		}
+	}
+}
+
+// failReasons are the reasons dpnode_requests_failed_total counts, each
+// exported from the start.
+var failReasons = []string{"drained", "too_many_restarts", "engine_lost", "no_rank", "rank_not_served", "rank_failed", "rank_lost", "engine_refused"}
 
 // Metrics are a node's Prometheus series: vLLM's names with an engine
 // label per rank and the served model's name, plus dpnode's own.
@@ -35,17 +56,24 @@ type Metrics struct {
 	stepTime                  *prometheus.HistogramVec
 	stepPhases                *prometheus.CounterVec
 	ttft, itl, e2e            *prometheus.HistogramVec
-	restarts, migrated        *prometheus.CounterVec
-	redispatched, failed      *prometheus.CounterVec
-	inflight, ready           *prometheus.GaugeVec
-	engineFailed              *prometheus.GaugeVec
-	waves, dummySteps         *prometheus.CounterVec
-	collectiveTimeouts        *prometheus.CounterVec
-	waveDuration, balance     *prometheus.HistogramVec
-	collectiveWait, waveStart *prometheus.HistogramVec
-	parked                    prometheus.Gauge
-	snapshots                 prometheus.Counter
-	nodesFoundGone            prometheus.Counter
+	// A finished request's figures, as vLLM's.
+	reqPrompt, reqGeneration, reqMaxGeneration *prometheus.HistogramVec
+	paramsN, paramsMaxTokens                   *prometheus.HistogramVec
+	queueTime, prefillTime, decodeTime         *prometheus.HistogramVec
+	inferenceTime, reqTPOT                     *prometheus.HistogramVec
+	iterationTokens                            *prometheus.HistogramVec
+	cacheConfig                                *prometheus.GaugeVec
+	restarts, migrated                         *prometheus.CounterVec
+	redispatched, failed                       *prometheus.CounterVec
+	inflight, ready                            *prometheus.GaugeVec
+	engineFailed                               *prometheus.GaugeVec
+	waves, dummySteps                          *prometheus.CounterVec
+	collectiveTimeouts                         *prometheus.CounterVec
+	waveDuration, balance                      *prometheus.HistogramVec
+	collectiveWait, waveStart                  *prometheus.HistogramVec
+	parked                                     prometheus.Gauge
+	snapshots                                  prometheus.Counter
+	nodesFoundGone                             prometheus.Counter
 	// The deployment's size as this node knows it, and its changes.
 	dpSize, rosterVersion prometheus.Gauge
 	scaleUps, scaleDowns  prometheus.Counter
@@ -60,9 +88,14 @@ type Metrics struct {
 	events eventLog
 }
 
-// NewMetrics registers a node's series on reg. It is one table of the
-// series, with their names and help, which reads best in one place.
-func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
+// NewMetrics registers a node's series on reg, for a model of context
+// length maxModelLen. It is one table of the series, with their names and
+// help, which reads best in one place.
+func NewMetrics(reg prometheus.Registerer, model string, maxModelLen int) *Metrics {
+	if maxModelLen <= 0 {
+		maxModelLen = 8192
+	}
+	tokens := tokenBuckets(maxModelLen)
 	labels := []string{"model_name", "engine"}
 	gauge := func(name, help string) *prometheus.GaugeVec {
 		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
@@ -93,9 +126,24 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 			"Where steps' time goes, by phase: engine (its own work between a step's result and the next step: outputs, stats, scheduling), "+
 				"transport (to the executor and back), kv_ops (the step's KV moves), model (the forward pass until its outputs are ready), "+
 				"sample (drawing tokens on the host), executor_other (the executor's remaining time: reading the step, filling the batch).", "phase"),
-		ttft:         hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
-		itl:          hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itlBuckets),
-		e2e:          hist("vllm:e2e_request_latency_seconds", "Histogram of end to end request latency in seconds.", e2eBuckets),
+		ttft:          hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", ttftBuckets),
+		itl:           hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", itlBuckets),
+		e2e:           hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", e2eBuckets),
+		reqPrompt:     hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens),
+		reqGeneration: hist("vllm:request_generation_tokens", "Number of generation tokens processed.", tokens),
+		reqMaxGeneration: hist("vllm:request_max_num_generation_tokens",
+			"Histogram of maximum number of requested generation tokens.", tokens),
+		paramsN:         hist("vllm:request_params_n", "Histogram of the n request parameter.", paramsNBuckets),
+		paramsMaxTokens: hist("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tokens),
+		queueTime:       hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", e2eBuckets),
+		inferenceTime:   hist("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", e2eBuckets),
+		prefillTime:     hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", e2eBuckets),
+		decodeTime:      hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", e2eBuckets),
+		reqTPOT: hist("vllm:request_time_per_output_token_seconds",
+			"Histogram of time_per_output_token_seconds per request.", itlBuckets),
+		iterationTokens: hist("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", iterationBuckets),
+		cacheConfig: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vllm:cache_config_info",
+			Help: "Information of the LLMEngine CacheConfig"}, cacheConfigLabels),
 		restarts:     counter("dpnode_engine_restarts_total", "Engine actor crashes followed by a restart."),
 		migrated:     counter("dpnode_requests_migrated_total", "Requests moved mid-stream off a crashed engine, counted on the rank they left."),
 		redispatched: counter("dpnode_requests_redispatched_total", "Requests with no output yet sent again off a crashed engine, counted on the rank they left."),
@@ -137,6 +185,11 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 		coordFailovers: prometheus.NewCounter(prometheus.CounterOpts{Name: "dpnode_coordinator_failovers_total",
 			Help: "Times the coordinator this node follows moved to a new epoch after the first (a failover, or a quorum regained)."}),
 	}
+	for _, r := range failReasons {
+		m.failed.WithLabelValues(model, r)
+	}
+	reg.MustRegister(m.reqPrompt, m.reqGeneration, m.reqMaxGeneration, m.paramsN, m.paramsMaxTokens,
+		m.queueTime, m.inferenceTime, m.prefillTime, m.decodeTime, m.reqTPOT, m.iterationTokens, m.cacheConfig)
 	reg.MustRegister(m.running, m.waiting, m.kvUsage, m.success, m.promptTokens, m.generation,
 		m.prefixQueries, m.prefixHits, m.preemptions, m.steps, m.computed, m.executorTime, m.stepTime, m.stepPhases, m.ttft, m.itl, m.e2e, m.restarts,
 		m.migrated, m.redispatched, m.failed, m.inflight, m.ready, m.engineFailed, m.parked, m.snapshots, m.nodesFoundGone,
@@ -146,16 +199,12 @@ func NewMetrics(reg prometheus.Registerer, model string) *Metrics {
 }
 
 // recordOutcome counts a request's end under its rank: successes by
-// finish reason with their prompt tokens and latency, and aborts.
+// finish reason with their tokens and times, and aborts.
 func (m *Metrics) recordOutcome(o Outcome) {
 	if o.Rank < 0 {
 		return
 	}
-	series, ok := m.outcomes.Load(o.Rank)
-	if !ok {
-		series, _ = m.outcomes.LoadOrStore(o.Rank, m.outcomeSeriesOf(o.Rank))
-	}
-	s := series.(*outcomeSeries)
+	s := m.outcomeSeriesOf(o.Rank)
 	switch o.Reason {
 	case engine.FinishedStop:
 		s.stop.Inc()
@@ -167,24 +216,107 @@ func (m *Metrics) recordOutcome(o Outcome) {
 	}
 	s.promptTokens.Add(float64(o.PromptTokens))
 	s.e2e.Observe(o.Latency.Seconds())
+	s.prompt.Observe(float64(o.PromptTokens))
+	s.generation.Observe(float64(o.GenerationTokens))
+	if o.MaxTokens > 0 {
+		s.maxTokens.Observe(float64(o.MaxTokens))
+	}
+	if o.N > 0 {
+		s.n.Observe(float64(o.N))
+		s.maxGeneration.Observe(float64(o.MaxGenerationTokens))
+	}
+	// vLLM's phases: waiting in the engine, then running (its prefill
+	// until the first token, then its decode).
+	first := o.FirstToken
+	if first <= 0 {
+		first = o.Latency
+	}
+	queued := min(o.Queued, first)
+	decode := o.Latency - first
+	s.queue.Observe(queued.Seconds())
+	s.prefill.Observe((first - queued).Seconds())
+	s.decode.Observe(decode.Seconds())
+	s.inference.Observe((o.Latency - queued).Seconds())
+	tpot := 0.0
+	if o.GenerationTokens > 1 {
+		tpot = decode.Seconds() / float64(o.GenerationTokens-1)
+	}
+	s.tpot.Observe(tpot)
 }
 
 // outcomeSeries are a rank's series that a request's end counts in,
 // resolved once: recordOutcome runs on every HTTP handler's goroutine, and
 // resolving labels per request was a twenty-fifth of the CPU under load.
 type outcomeSeries struct {
-	stop, length, abort prometheus.Counter
-	promptTokens        prometheus.Counter
-	e2e                 prometheus.Observer
+	stop, length, abort                    prometheus.Counter
+	promptTokens                           prometheus.Counter
+	e2e, prompt, generation, maxGeneration prometheus.Observer
+	n, maxTokens                           prometheus.Observer
+	queue, prefill, decode, inference      prometheus.Observer
+	tpot                                   prometheus.Observer
 }
 
+// outcomeSeriesOf returns the rank's series, made (each at zero) on the
+// first call.
 func (m *Metrics) outcomeSeriesOf(rank int) *outcomeSeries {
+	if s, ok := m.outcomes.Load(rank); ok {
+		return s.(*outcomeSeries)
+	}
 	l := prometheus.Labels{"model_name": m.model, "engine": strconv.Itoa(rank)}
 	reason := func(r string) prometheus.Counter {
 		return m.success.With(prometheus.Labels{"model_name": m.model, "engine": l["engine"], "finished_reason": r})
 	}
-	return &outcomeSeries{stop: reason("stop"), length: reason("length"), abort: reason("abort"),
-		promptTokens: m.promptTokens.With(l), e2e: m.e2e.With(l)}
+	s := &outcomeSeries{stop: reason("stop"), length: reason("length"), abort: reason("abort"),
+		promptTokens: m.promptTokens.With(l), e2e: m.e2e.With(l),
+		prompt: m.reqPrompt.With(l), generation: m.reqGeneration.With(l), maxGeneration: m.reqMaxGeneration.With(l),
+		n: m.paramsN.With(l), maxTokens: m.paramsMaxTokens.With(l),
+		queue: m.queueTime.With(l), prefill: m.prefillTime.With(l), decode: m.decodeTime.With(l), inference: m.inferenceTime.With(l),
+		tpot: m.reqTPOT.With(l)}
+	got, _ := m.outcomes.LoadOrStore(rank, s)
+	return got.(*outcomeSeries)
+}
+
+// cacheConfigLabels are the labels of vllm:cache_config_info: the fields
+// of vLLM's CacheConfig that mean something for dpnode's engines, with
+// the engine.
+var cacheConfigLabels = []string{"block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
+	"kv_cache_memory_bytes", "num_gpu_blocks", "engine"}
+
+// CacheConfig is what vllm:cache_config_info says of a rank's KV cache,
+// in vLLM's spelling of each value (Python's: True, None).
+type CacheConfig struct {
+	BlockSize            int
+	CacheDType           string
+	EnablePrefixCaching  bool
+	GPUMemoryUtilization float64
+	// KVCacheMemoryBytes and NumGPUBlocks are 0 where not known.
+	KVCacheMemoryBytes int64
+	NumGPUBlocks       int
+}
+
+// setCacheConfig exports the rank's cache configuration; a remote rank's
+// is its own node's to export.
+func (rm *rankMetrics) setCacheConfig(c CacheConfig) {
+	if rm.cacheConfig != nil {
+		rm.cacheConfig(c)
+	}
+}
+
+func (m *Metrics) setCacheConfig(rank int, c CacheConfig) {
+	m.cacheConfig.DeletePartialMatch(prometheus.Labels{"engine": strconv.Itoa(rank)})
+	orNone := func(v int64) string {
+		if v <= 0 {
+			return "None"
+		}
+		return strconv.FormatInt(v, 10)
+	}
+	pyBool := map[bool]string{true: "True", false: "False"}[c.EnablePrefixCaching]
+	dtype := c.CacheDType
+	if dtype == "" {
+		dtype = "auto"
+	}
+	m.cacheConfig.WithLabelValues(orNone(int64(c.BlockSize)), dtype, pyBool, strconv.FormatFloat(c.GPUMemoryUtilization, 'g', -1, 64),
+		orNone(c.KVCacheMemoryBytes), orNone(int64(c.NumGPUBlocks)), strconv.Itoa(rank)).Set(1)
 }
 
 // rankMetrics holds one rank's series, resolved once so that the per-token
@@ -206,6 +338,10 @@ type rankMetrics struct {
 	collectiveTimeouts        prometheus.Counter
 	waveDuration, balance     prometheus.Observer
 	collectiveWait, waveStart prometheus.Observer
+	iterationTokens           prometheus.Observer
+	// cacheConfig exports the engine's cache configuration; nil for a
+	// remote rank.
+	cacheConfig func(CacheConfig)
 }
 
 func (m *Metrics) forRank(rank int, local bool) *rankMetrics {
@@ -216,8 +352,7 @@ func (m *Metrics) forRank(rank int, local bool) *rankMetrics {
 	for _, r := range []string{"stop", "length", "abort"} {
 		m.success.With(prometheus.Labels{"model_name": m.model, "engine": e, "finished_reason": r})
 	}
-	m.promptTokens.With(l)
-	m.e2e.With(l)
+	m.outcomeSeriesOf(rank)
 	// What this node's API server sees of the rank's requests, and its
 	// readiness as this node sees it.
 	rm := &rankMetrics{
@@ -237,6 +372,7 @@ func (m *Metrics) forRank(rank int, local bool) *rankMetrics {
 		rm.computed, rm.executorTime, rm.restarts = counter(), counter(), counter()
 		rm.waves, rm.dummySteps, rm.collectiveTimeouts = counter(), counter(), counter()
 		rm.stepTime, rm.waveDuration, rm.balance, rm.collectiveWait, rm.waveStart = hist(), hist(), hist(), hist(), hist()
+		rm.iterationTokens = hist()
 		for i := range rm.phases {
 			rm.phases[i] = counter()
 		}
@@ -252,6 +388,8 @@ func (m *Metrics) forRank(rank int, local bool) *rankMetrics {
 	rm.waves, rm.dummySteps, rm.collectiveTimeouts = m.waves.With(l), m.dummySteps.With(l), m.collectiveTimeouts.With(l)
 	rm.waveDuration, rm.balance = m.waveDuration.With(l), m.balance.With(l)
 	rm.collectiveWait, rm.waveStart = m.collectiveWait.With(l), m.waveStart.With(l)
+	rm.iterationTokens = m.iterationTokens.With(l)
+	rm.cacheConfig = func(c CacheConfig) { m.setCacheConfig(rank, c) }
 	return rm
 }
 

@@ -162,7 +162,7 @@ func (n *Node) Start(cfg NodeConfig) error {
 		return err
 	}
 	system := n.system
-	n.cfg, n.metrics = cfg, NewMetrics(cfg.Registry, cfg.Model)
+	n.cfg, n.metrics = cfg, NewMetrics(cfg.Registry, cfg.Model, cfg.Scheduler.MaxModelLen)
 	n.roster.Store(&cfg.Roster)
 	n.meta = cfg.PendingMeta()
 	n.meta.ActorAddress, n.meta.HttpAddress = system.Address(), cfg.HTTPAddress

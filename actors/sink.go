@@ -25,8 +25,10 @@ type progress struct {
 	output                   []uint32
 	logprobs, promptLogprobs []*engine.TokenLogprobs
 	firstAt, lastAt          time.Time
-	// promptHit is the first engine's prefix-cache hit on the prompt.
+	// promptHit is the first engine's prefix-cache hit on the prompt, and
+	// queued how long the request waited there before its first step.
 	promptHit int
+	queued    time.Duration
 	// ended is set once the call's last event was pushed.
 	ended bool
 }
@@ -48,8 +50,9 @@ type sink struct {
 	// owner is the API server that sent the attempt.
 	owner *actor.PID
 	// first is set on the call's first attempt: only its engine's cache
-	// hit is the client's prompt hit.
+	// hit is the client's prompt hit. moves counts the attempts before.
 	first bool
+	moves int
 	p     *progress
 	// tokens is set once the attempt has had output (under p.mu): its
 	// prompt is prefilled.
@@ -138,8 +141,11 @@ func (s *sink) deliver(o *engine.Output, errText string, now time.Time) (prefill
 		// generated before; the client's prompt hit was the first.
 		p.promptHit = o.NumCachedTokens
 	}
+	if s.first && prefilled {
+		p.queued = o.Queued
+	}
 	ev := Event{Index: s.index, Tokens: o.NewTokens, Finish: o.Finish, Rank: s.rank, NumCachedTokens: p.promptHit, Logprobs: o.Logprobs,
-		PromptLogprobs: o.PromptLogprobs}
+		PromptLogprobs: o.PromptLogprobs, Queued: p.queued, Moves: s.moves}
 	switch o.Finish {
 	case engine.NotFinished:
 		if !s.whole {
@@ -152,6 +158,7 @@ func (s *sink) deliver(o *engine.Output, errText string, now time.Time) (prefill
 		if s.whole {
 			ev.Tokens, ev.Logprobs, ev.PromptLogprobs = p.output, p.logprobs, p.promptLogprobs
 		}
+		ev.FirstAt = p.firstAt
 	}
 	p.current, p.ended = nil, true
 	s.stream.push(ev)

@@ -21,7 +21,7 @@ func drain(t *testing.T, s *Stream) []Event {
 }
 
 func testSink(p *progress, stream *Stream, whole, first bool) *sink {
-	m := NewMetrics(prometheus.NewRegistry(), "m").forRank(0, true)
+	m := NewMetrics(prometheus.NewRegistry(), "m", 1024).forRank(0, true)
 	return &sink{id: "r", stream: stream, whole: whole, first: first, metrics: m, p: p, arrival: time.Now()}
 }
 
@@ -35,7 +35,7 @@ func TestSinkDeliversOnlyForTheCurrentAttempt(t *testing.T) {
 		t.Fatal("a new call refused its first attempt")
 	}
 	now := time.Now()
-	if prefilled, ended := first.deliver(&engine.Output{NewTokens: []uint32{1, 2}, NumCachedTokens: 16}, "", now); !prefilled || ended {
+	if prefilled, ended := first.deliver(&engine.Output{NewTokens: []uint32{1, 2}, NumCachedTokens: 16, Queued: 5 * time.Millisecond}, "", now); !prefilled || ended {
 		t.Fatalf("first output: prefilled %v ended %v", prefilled, ended)
 	}
 	if prefilled, _ := first.deliver(&engine.Output{NewTokens: []uint32{3}}, "", now); prefilled {
@@ -48,11 +48,12 @@ func TestSinkDeliversOnlyForTheCurrentAttempt(t *testing.T) {
 		t.Fatal("a detached attempt delivered")
 	}
 	second := testSink(p, stream, false, false)
+	second.moves = 1
 	so, ok := p.next(second)
 	if !ok || !slices.Equal(so, []uint32{1, 2, 3}) {
 		t.Fatalf("the next attempt continues from %v", so)
 	}
-	if _, ended := second.deliver(&engine.Output{NewTokens: []uint32{4}, NumCachedTokens: 19, Finish: engine.FinishedLength}, "", now); !ended {
+	if _, ended := second.deliver(&engine.Output{NewTokens: []uint32{4}, NumCachedTokens: 19, Queued: time.Second, Finish: engine.FinishedLength}, "", now); !ended {
 		t.Fatal("the last output did not end the call")
 	}
 	var tokens []uint32
@@ -62,6 +63,13 @@ func TestSinkDeliversOnlyForTheCurrentAttempt(t *testing.T) {
 		if ev.NumCachedTokens != 16 {
 			t.Errorf("an event says %d cached tokens; the client's prompt hit was the first engine's 16", ev.NumCachedTokens)
 		}
+		if ev.Queued != 5*time.Millisecond {
+			t.Errorf("an event says the request was queued %v; its first engine kept it 5ms", ev.Queued)
+		}
+	}
+	if last := evs[len(evs)-1]; last.Moves != 1 || !last.FirstAt.Equal(now) || evs[0].Moves != 0 || !evs[0].FirstAt.IsZero() {
+		t.Errorf("events say moves %d then %d, first token at %v then %v; want 0 then 1, and the first token's time on the last event only",
+			evs[0].Moves, last.Moves, evs[0].FirstAt, last.FirstAt)
 	}
 	if !slices.Equal(tokens, []uint32{1, 2, 3, 4}) || evs[len(evs)-1].Finish != engine.FinishedLength {
 		t.Fatalf("the client got %v, finishing %v", tokens, evs[len(evs)-1].Finish)

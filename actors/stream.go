@@ -3,6 +3,7 @@ package actors
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/dpnode/dpnode/engine"
 )
@@ -27,6 +28,14 @@ type Event struct {
 	// PromptLogprobs are the prompt's, when the request asked, on its
 	// first event with tokens (again after a move, computed again).
 	PromptLogprobs []*engine.TokenLogprobs
+	// Queued is how long the request waited in its first engine before
+	// its first step, once it has tokens; Moves counts its moves to
+	// another rank so far.
+	Queued time.Duration
+	Moves  int
+	// FirstAt is when the request's first token reached the API server,
+	// on its last event.
+	FirstAt time.Time
 }
 
 // Stream is the queue between the API server actor, which pushes a call's

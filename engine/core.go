@@ -93,6 +93,12 @@ type BatchCore interface {
 	StepOf(*Batch) Step
 }
 
+// Configured is a Core whose scheduler's configuration is dpnode's, with
+// the limits its model set (StepCore).
+type Configured interface {
+	Config() SchedulerConfig
+}
+
 // StepCore is the Core of an engine whose every step dpnode's scheduler
 // builds and an Executor computes: the simulator and llama.cpp.
 type StepCore struct {
@@ -101,7 +107,10 @@ type StepCore struct {
 	caps  Capabilities
 }
 
-var _ BatchCore = (*StepCore)(nil)
+var (
+	_ BatchCore  = (*StepCore)(nil)
+	_ Configured = (*StepCore)(nil)
+)
 
 // NewStepCore returns the core of exec under cfg, adopting the limits of
 // an executor that learns them when its model loads (Limited). The
@@ -178,4 +187,7 @@ func (s *batchStep) Finish(outs []Output) []Output {
 	return s.core.sched.AppendUpdate(outs, s.batch, s.res)
 }
 
-func (s *batchStep) Result() (StepResult, bool) { return s.res, !s.batch.Empty() }
+func (s *batchStep) Result() (StepResult, bool) {
+	s.res.ScheduledTokens = s.batch.NumTokens()
+	return s.res, !s.batch.Empty()
+}

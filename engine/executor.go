@@ -134,6 +134,9 @@ type StepResult struct {
 	// ComputedTokens counts the tokens the model really computed in the
 	// step, as the executor saw it; 0 where the executor does not tell.
 	ComputedTokens int
+	// ScheduledTokens counts the tokens the step was given: prompt chunks
+	// and decodes (Batch.NumTokens); the core sets it.
+	ScheduledTokens int
 	// Phases split Duration where the executor can tell; zero where it
 	// cannot (the simulator).
 	Phases StepPhases

@@ -203,6 +203,10 @@ type Request struct {
 	// numCachedTokens is the prefix-cache hit of the first schedule, reported
 	// with the first output.
 	numCachedTokens int
+	// queuedAt is when the scheduler took the request; queued is how long
+	// it waited for its first schedule, reported with the first output.
+	queuedAt time.Time
+	queued   time.Duration
 	// passedOver counts the prefill steps that passed this request's
 	// prefill over for shorter ones (streams only).
 	passedOver int

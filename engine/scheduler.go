@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"time"
 )
 
 // Errors a request can be refused with.
@@ -96,6 +97,15 @@ func (c SchedulerConfig) Validate() error {
 // WithLimits returns c under an executor's limits: its KV capacity,
 // sequence slots and end tokens, and its context length and step size
 // where those are smaller. The result must pass Validate.
+// KVTokens is how many tokens the KV cache holds: its streams' cells, or
+// its blocks'.
+func (c SchedulerConfig) KVTokens() int {
+	if c.SequenceSlots > 0 {
+		return c.SequenceSlots * c.StreamCells
+	}
+	return c.NumBlocks * c.BlockSize
+}
+
 func (c SchedulerConfig) WithLimits(l Limits) (SchedulerConfig, error) {
 	c.NumBlocks = l.NumBlocks
 	c.SequenceSlots, c.StreamCells = l.SequenceSlots, l.StreamCells
@@ -130,6 +140,10 @@ type Output struct {
 	Finish    FinishReason
 	// NumCachedTokens is the prefix-cache hit, on the first output only.
 	NumCachedTokens int
+	// Queued is how long the request waited in this engine before its
+	// first step, by the wall clock, on the first output only (vLLM's
+	// queue time).
+	Queued time.Duration
 	// First marks the request's first output from this engine.
 	First bool
 	// Logprobs are NewTokens' log-probabilities, when the request asked.
@@ -184,6 +198,8 @@ type Scheduler struct {
 	// only); candidates is scheduleStreams' buffer.
 	lastPrefill bool
 	candidates  []*Request
+	// now is the wall clock, for the requests' queue times.
+	now func() time.Time
 }
 
 // NewScheduler returns a scheduler; cfg must pass Validate.
@@ -195,6 +211,7 @@ func NewScheduler(cfg SchedulerConfig) (*Scheduler, error) {
 		cfg:      cfg,
 		eos:      newTokenSet(cfg.EOSTokenIDs),
 		requests: make(map[string]*Request),
+		now:      time.Now,
 	}
 	if cfg.SequenceSlots > 0 {
 		s.kv = newStreamKV(cfg.SequenceSlots, cfg.StreamCells, cfg.BlockSize, cfg.MaxNumSeqs, cfg.EnablePrefixCaching)
@@ -241,6 +258,7 @@ func (s *Scheduler) Add(nr NewRequest) error {
 		salt:       nr.CacheSalt,
 		stops:      newTokenSet(nr.Sampling.StopTokenIDs),
 		seq:        noSeq,
+		queuedAt:   s.now(),
 	}
 	if req.promptHash == 0 {
 		req.promptHash = PromptHash(nr.Prompt, nr.Sampling.Seed)
@@ -381,6 +399,7 @@ func (s *Scheduler) admit(i, budget int) (int, bool) {
 	if !req.firstScheduled {
 		req.firstScheduled = true
 		req.numCachedTokens = cached
+		req.queued = s.now().Sub(req.queuedAt)
 	}
 	s.waiting = slices.Delete(s.waiting, i, i+1)
 	s.running = append(s.running, req)
@@ -626,6 +645,7 @@ func (s *Scheduler) AppendUpdate(outs []Output, batch *Batch, res StepResult) []
 			req.reportedFirst = true
 			out.First = true
 			out.NumCachedTokens = req.numCachedTokens
+			out.Queued = req.queued
 		}
 		if out.Finish != NotFinished {
 			finished = true

@@ -3,8 +3,10 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
+	"time"
 	"unsafe"
 
 	"pgregory.net/rapid"
@@ -214,6 +216,38 @@ func TestMaxNumSeqsAndBudgetBoundAStep(t *testing.T) {
 	_, finish := drain(t, s, nil)
 	if len(finish) != 5 {
 		t.Fatalf("%d requests finished, want 5", len(finish))
+	}
+}
+
+// TestQueueTimeIsTheWaitForTheFirstStep reads a clock the test moves: a
+// request admitted at once waited nothing, one that waited for a seat
+// waited until the step that admitted it, and only first outputs say.
+func TestQueueTimeIsTheWaitForTheFirstStep(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxNumSeqs = 1
+	s := newTestScheduler(t, cfg)
+	now := time.Unix(1000, 0)
+	s.now = func() time.Time { return now }
+	for i := range 2 {
+		if err := s.Add(NewRequest{ID: fmt.Sprint("r", i), Prompt: prompt(i, 8), Sampling: SamplingParams{MaxTokens: 2}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	queued := map[string][]time.Duration{}
+	for steps := 0; s.HasWork(); steps++ {
+		if steps > 100 {
+			t.Fatal("the requests did not finish in 100 steps")
+		}
+		_, outs := runStep(t, s, nil)
+		for _, o := range outs {
+			queued[o.ID] = append(queued[o.ID], o.Queued)
+		}
+		now = now.Add(10 * time.Millisecond)
+	}
+	// r0 runs the first two steps; r1 is admitted at the third.
+	want := map[string][]time.Duration{"r0": {0, 0}, "r1": {20 * time.Millisecond, 0}}
+	if !maps.EqualFunc(queued, want, slices.Equal) {
+		t.Fatalf("queue times by output %v, want %v", queued, want)
 	}
 }
 

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"bytes"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/dpnode/dpnode/engine"
@@ -39,7 +40,13 @@ type choice struct {
 	rank int
 	// cached counts the prompt tokens found in the prefix cache.
 	cached int
-	finish string
+	// firstAt is when the first token came, queued how long the request
+	// waited in its engine before its first step, moves how many times it
+	// moved to another rank.
+	firstAt time.Time
+	queued  time.Duration
+	moves   int
+	finish  string
 	// stopReason is vLLM's: the stop string or stop token id that ended
 	// the choice; nil for an end-of-sequence token or another finish.
 	stopReason any

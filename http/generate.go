@@ -23,13 +23,16 @@ type promptInput struct {
 
 // genSpec is one validated call of either endpoint.
 type genSpec struct {
-	chat         bool
-	id           string
-	created      int64
-	model        string
-	prompts      []promptInput
-	n            int
-	sampling     []engine.SamplingParams // per prompt: max_tokens defaults differ
+	chat     bool
+	id       string
+	created  int64
+	model    string
+	prompts  []promptInput
+	n        int
+	sampling []engine.SamplingParams // per prompt: max_tokens defaults differ
+	// maxTokens is the max_tokens (or max_completion_tokens) the client
+	// gave, 0 when it gave none.
+	maxTokens    int
 	stops        []string
 	includeStop  bool
 	stream       bool
@@ -157,6 +160,11 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 
 	if g.sampling, e = s.samplings(p, prompts, chat, gbnf); e != nil {
 		return nil, e
+	}
+	if p.MaxCompletionTokens != nil {
+		g.maxTokens = *p.MaxCompletionTokens
+	} else if p.MaxTokens != nil {
+		g.maxTokens = *p.MaxTokens
 	}
 	if p.PromptLogprobs != nil {
 		g.promptTop = *p.PromptLogprobs
@@ -287,6 +295,12 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 		defer out.liftDeadline()
 	}
 	remaining := len(choices)
+	// left counts each prompt's requests still running: the last to end
+	// reports the call's n, as vLLM does once per prompt.
+	left := make([]int, len(g.prompts))
+	for i := range left {
+		left[i] = g.n
+	}
 	var evs []actors.Event
 	for remaining > 0 {
 		var err error
@@ -308,7 +322,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 			if reason := s.take(g, c, ev); reason != engine.NotFinished {
 				c.finish, c.done = finishName(reason), true
 				remaining--
-				s.cfg.Backend.Finished(actors.Outcome{Rank: c.rank, Reason: reason, PromptTokens: len(g.prompts[c.prompt].tokens), Latency: time.Since(arrival)})
+				s.finished(g, c, reason, choices, left, arrival)
 			}
 			touched = append(touched, ev)
 		}
@@ -334,6 +348,29 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *genSpec) {
 		return
 	}
 	s.respond(w, g, choices, u)
+}
+
+// finished records the end of choice c, which finished for reason: in the
+// metrics, and in the request log when it is on.
+func (s *Server) finished(g *genSpec, c *choice, reason engine.FinishReason, choices []*choice, left []int, arrival time.Time) {
+	now := time.Now()
+	o := actors.Outcome{Rank: c.rank, Reason: reason, PromptTokens: len(g.prompts[c.prompt].tokens), Latency: now.Sub(arrival),
+		GenerationTokens: c.tokens, Queued: c.queued, MaxTokens: g.maxTokens}
+	if !c.firstAt.IsZero() {
+		o.FirstToken = c.firstAt.Sub(arrival)
+	}
+	if left[c.prompt]--; left[c.prompt] == 0 {
+		o.N = g.n
+		for _, o2 := range choices[c.prompt*g.n : (c.prompt+1)*g.n] {
+			o.MaxGenerationTokens = max(o.MaxGenerationTokens, o2.tokens)
+		}
+	}
+	s.cfg.Backend.Finished(o)
+	if s.cfg.LogRequests {
+		s.cfg.Logger.Info("request finished", "id", c.subID, "rank", c.rank, "prompt_tokens", o.PromptTokens, "cached_tokens", c.cached,
+			"output_tokens", c.tokens, "ttft", o.FirstToken.Round(time.Microsecond), "e2e", o.Latency.Round(time.Microsecond),
+			"finish_reason", c.finish, "moves", c.moves)
+	}
 }
 
 // failCall answers a call one of whose requests failed: with the error's
@@ -396,7 +433,17 @@ func (s *Server) take(g *genSpec, c *choice, ev actors.Event) engine.FinishReaso
 	}
 	if len(ev.Tokens) > 0 {
 		c.rank = ev.Rank
+		c.queued = ev.Queued
+		if c.firstAt.IsZero() {
+			c.firstAt = time.Now()
+		}
 	}
+	if !ev.FirstAt.IsZero() {
+		// The API server saw the first token come: the better time, and
+		// the only one for a call that reads its whole output at once.
+		c.firstAt = ev.FirstAt
+	}
+	c.moves = ev.Moves
 	if c.cached == 0 {
 		c.cached = ev.NumCachedTokens
 	}

@@ -108,8 +108,18 @@ type Config struct {
 	// auto, the default with tools), as vLLM's --enable-auto-tool-choice:
 	// it needs a ToolCallParser.
 	AutoToolChoice bool
-	Version        string
-	Logger         *slog.Logger
+	// ModelAliases are more names a request may ask for the model by;
+	// /v1/models lists them after the model's own.
+	ModelAliases []string
+	// LogRequests logs one line per finished request, at info
+	// (--enable-log-requests): its id, rank, token counts, times, finish
+	// reason and moves, never its text.
+	LogRequests bool
+	Version     string
+	// Build adds what the build says of itself to /version (revision,
+	// modified, go).
+	Build  map[string]string
+	Logger *slog.Logger
 }
 
 // DefaultMaxBodyBytes is Config.MaxBodyBytes's default.
@@ -491,7 +501,7 @@ func (s *Server) limitsOfBodies() jsonlimit.Limits {
 }
 
 func (s *Server) checkModel(model string) *apiError {
-	if model == "" || model == s.cfg.Backend.Model() {
+	if model == "" || model == s.cfg.Backend.Model() || slices.Contains(s.cfg.ModelAliases, model) {
 		return nil
 	}
 	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: strp("model"), Code: strp("model_not_found"),
@@ -516,7 +526,13 @@ func (s *Server) pinnedRank(r *http.Request) (int, *apiError) {
 }
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: []modelCard{s.modelCard()}})
+	cards := []modelCard{s.modelCard()}
+	for _, alias := range s.cfg.ModelAliases {
+		c := s.modelCard()
+		c.ID = alias
+		cards = append(cards, c)
+	}
+	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: cards})
 }
 
 func (s *Server) modelCard() modelCard {
@@ -525,7 +541,13 @@ func (s *Server) modelCard() modelCard {
 }
 
 func (s *Server) version(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"version": s.cfg.Version})
+	v := map[string]string{"version": s.cfg.Version}
+	for k, x := range s.cfg.Build {
+		if k != "version" {
+			v[k] = x
+		}
+	}
+	writeJSON(w, http.StatusOK, v)
 }
 
 // health is 200 while at least one rank this node balances over takes

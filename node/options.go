@@ -81,6 +81,13 @@ type Options struct {
 	// (the engine's default when empty: Model, or the profile's).
 	Model           string
 	ServedModelName string
+	// ServedModelAliases are more names clients may use; answers and
+	// metrics carry ServedModelName.
+	ServedModelAliases []string
+	// LogRequests logs each finished request (--enable-log-requests);
+	// DisableLogStats stops the stats line (--disable-log-stats).
+	LogRequests     bool
+	DisableLogStats bool
 	// Engine names the engine the ranks run (see engines.All): "sim", the
 	// calibrated simulated executor, by default.
 	Engine string
@@ -157,7 +164,10 @@ type Options struct {
 	JoinTimeout time.Duration
 
 	Version string
-	Logger  *slog.Logger
+	// Build is what the build says of itself (revision, Go version), for
+	// /version.
+	Build  map[string]string
+	Logger *slog.Logger
 }
 
 // DefaultOptions are the defaults of `dpnode join`.

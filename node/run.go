@@ -54,6 +54,8 @@ type Running struct {
 	// closeEngine stops what the engine runs beside the actors: the
 	// llama.cpp tokenizer's worker.
 	closeEngine func()
+	// stopStats stops the stats line; nil when it is off.
+	stopStats context.CancelFunc
 
 	shutdownOnce sync.Once
 	shutdownErr  error
@@ -168,6 +170,9 @@ func (r *Running) shutdown(leave bool) error {
 		if serveErr := <-r.served; serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 			err = serveErr
 		}
+	}
+	if r.stopStats != nil {
+		r.stopStats()
 	}
 	r.membership.Leave(2 * time.Second)
 	if r.metrics != nil {

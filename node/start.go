@@ -315,6 +315,8 @@ func (s *startup) serve(ctx context.Context) error {
 			ToolCallParser:  o.ToolCallParser,
 			AutoToolChoice:  o.EnableAutoToolChoice,
 			ContentAsText:   o.TokenizeContentAsText,
+			ModelAliases:    o.ServedModelAliases,
+			LogRequests:     o.LogRequests,
 			MaxModelLen:     p.scheduler.MaxModelLen,
 			APIKeys:         p.apiKeys,
 			AdminKeys:       p.adminKeys,
@@ -325,6 +327,7 @@ func (s *startup) serve(ctx context.Context) error {
 			OnDrain:         r.RequestDrain,
 			OnLeave:         r.RequestLeave,
 			Version:         o.Version,
+			Build:           o.Build,
 			Logger:          o.Logger,
 		})
 		if err != nil {
@@ -338,7 +341,7 @@ func (s *startup) serve(ctx context.Context) error {
 		addr := net.JoinHostPort(o.Host, strconv.Itoa(o.MetricsPort))
 		m, err := httpapi.New(httpapi.Config{Backend: r.node, Tokenizer: eng.Tokenizer, MaxModelLen: p.scheduler.MaxModelLen,
 			APIKeys: p.apiKeys, AdminKeys: p.adminKeys, Gatherer: s.reg, OnDrain: r.RequestDrain, OnLeave: r.RequestLeave,
-			MetricsOnly: true, Version: o.Version, Logger: o.Logger})
+			MetricsOnly: true, Version: o.Version, Build: o.Build, Logger: o.Logger})
 		if err == nil {
 			r.metricsLn, err = net.Listen("tcp", addr)
 		}
@@ -350,6 +353,12 @@ func (s *startup) serve(ctx context.Context) error {
 		ln := httpapi.NewConnCap(p.maxConnections).Apply(r.metrics, r.metricsLn)
 		go func() { _ = r.metrics.Serve(ln) }()
 		metricsURL = "http://" + r.metricsLn.Addr().String()
+	}
+	if !o.DisableLogStats {
+		ctx, cancel := context.WithCancel(context.Background())
+		r.stopStats = cancel
+		s.undo.push(cancel)
+		go (&statsLogger{gather: s.reg, logger: o.Logger}).run(ctx, StatsInterval)
 	}
 	url := "none (headless)"
 	if r.ln != nil {

@@ -41,7 +41,9 @@ func main() {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
-	if err := newRootCommand().Execute(); err != nil {
+	root := newRootCommand()
+	root.SetArgs(spreadNames(os.Args[1:]))
+	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "dpnode:", err)
 		os.Exit(1)
 	}
@@ -53,10 +55,47 @@ func newRootCommand() *cobra.Command {
 		Short:         "Serve an LLM with data parallelism across GPUs and nodes",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Version:       version,
 	}
-	root.AddCommand(newJoinCommand(), newCertsCommand(), newTestModelCommand())
+	root.Version, _ = buildVersion()
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return fmt.Errorf("invalid flags: %w", err) })
+	root.AddCommand(newJoinCommand(), newServeCommand(), newCertsCommand(), newTestModelCommand())
 	return root
+}
+
+// buildVersion is dpnode's version, and what the build says of itself: the
+// version set at build time, else the module's version in the build info
+// (a release's tag, or Go's pseudo-version of the checkout's revision,
+// +dirty when it had changes), else "dev" with the revision.
+func buildVersion() (string, map[string]string) {
+	v, build := version, map[string]string{}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return v, build
+	}
+	build["go"] = bi.GoVersion
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			build["revision"] = s.Value
+		case "vcs.time":
+			build["revision_time"] = s.Value
+		case "vcs.modified":
+			build["modified"] = s.Value
+		}
+	}
+	if v != "dev" {
+		return v, build
+	}
+	if mv := bi.Main.Version; mv != "" && mv != "(devel)" {
+		return mv, build
+	}
+	if rev := build["revision"]; rev != "" {
+		v += "+" + rev[:min(12, len(rev))]
+		if build["modified"] == "true" {
+			v += "-dirty"
+		}
+	}
+	return v, build
 }
 
 func newCertsCommand() *cobra.Command {
@@ -194,33 +233,71 @@ func envList(name string) []string {
 	return nil
 }
 
-// newJoinCommand is dpnode join: its help, and the table of its flags,
-// which reads best in one place, as --help lists them.
-func newJoinCommand() *cobra.Command {
-	o := node.DefaultOptions()
-	var logLevel string
-	// Each engine's flags, to refuse those of an engine not chosen.
-	engineFlags := make(map[string]*pflag.FlagSet)
-	cmd := &cobra.Command{
-		Use:   "join",
-		Short: "Start a node: one engine per local GPU, and an OpenAI-compatible API server",
-		Long: `Start a node: one engine actor per data-parallel rank (one GPU each) and an
+const joinLong = `Start a node: one engine actor per data-parallel rank (one GPU each) and an
 API server that balances requests over them and serves the OpenAI HTTP API.
 With no seeds it starts a new cluster that others can join; with --seeds it
 joins one by gossip. Where no GPU backend is configured the engines run the
-calibrated simulated executor.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+calibrated simulated executor.`
+
+// newJoinCommand is dpnode join.
+func newJoinCommand() *cobra.Command {
+	cmd := newNodeCommand(cobra.NoArgs)
+	cmd.Use = "join"
+	cmd.Short = "Start a node: one engine per local GPU, and an OpenAI-compatible API server"
+	cmd.Long = joinLong
+	return cmd
+}
+
+// newServeCommand is dpnode serve MODEL, vLLM's spelling of join --model
+// MODEL, so that vllm serve command lines carry over.
+func newServeCommand() *cobra.Command {
+	cmd := newNodeCommand(cobra.MaximumNArgs(1))
+	cmd.Use = "serve [MODEL]"
+	cmd.Short = "Start a node serving MODEL (as vllm serve MODEL): dpnode join --model MODEL"
+	cmd.Long = joinLong + `
+
+dpnode serve MODEL is dpnode join --model MODEL. A MODEL that ends in .gguf
+runs on the llama.cpp engine unless --engine says otherwise.`
+	return cmd
+}
+
+// newNodeCommand is a command that starts a node (join, serve): the table
+// of its flags, which reads best in one place, as --help lists them.
+func newNodeCommand(args cobra.PositionalArgs) *cobra.Command {
+	o := node.DefaultOptions()
+	var logLevel string
+	var vllm vllmFlags
+	// Each engine's flags, to refuse those of an engine not chosen.
+	engineFlags := make(map[string]*pflag.FlagSet)
+	var servedNames []string
+	cmd := &cobra.Command{
+		Args: args,
+		RunE: func(cmd *cobra.Command, args []string) error {
 			var level slog.Level
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("invalid flags: --log-level: %w", err)
 			}
 			o.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 			warnSecretFlags(cmd, o.Logger)
+			if len(args) == 1 {
+				if o.Model != "" && o.Model != args[0] {
+					return fmt.Errorf("invalid flags: the model is %s, and --model says %s", args[0], o.Model)
+				}
+				o.Model = args[0]
+			}
+			if !cmd.Flags().Changed("engine") && strings.HasSuffix(strings.ToLower(o.Model), ".gguf") {
+				o.Engine = "llamacpp"
+			}
+			if err := vllm.check(cmd.Flags(), &o); err != nil {
+				return err
+			}
+			if len(servedNames) > 0 {
+				o.ServedModelName, o.ServedModelAliases = servedNames[0], servedNames[1:]
+			}
 			if err := checkEngineFlags(o.Engine, engineFlags); err != nil {
 				return err
 			}
-			o.Version = version
+			o.Version, o.Build = buildVersion()
 			o.PortSet = cmd.Flags().Changed("port")
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
@@ -254,7 +331,7 @@ calibrated simulated executor.`,
 	f.BoolVar(&o.ExpertParallel, "enable-expert-parallel", false, "MoE with expert parallelism: ranks step in lockstep waves (needs a MoE profile)")
 	f.DurationVar(&o.CollectiveTimeout, "ep-collective-timeout", o.CollectiveTimeout, "how long a step waits for a lost rank before the others go on without it")
 	f.StringVar(&o.Model, "model", "", "model to serve: with --engine llamacpp a GGUF file (default: the simulated profile's model)")
-	f.StringVar(&o.ServedModelName, "served-model-name", "", "model name clients use (default: --model)")
+	f.StringSliceVar(&servedNames, "served-model-name", nil, "model name clients use (default: --model); several names (a,b or a b) are each accepted, and the first is the one answers and metrics carry")
 	f.StringVar(&o.Engine, "engine", o.Engine, "what the ranks run: "+engineHelp())
 	f.StringVar(&o.ChatTemplate, "chat-template", "", "Jinja chat template file to use instead of the model's own")
 	f.StringVar(&o.ToolCallParser, "tool-call-parser", "", "llamacpp: read tool calls from the output in the model family's syntax: llama3_json (Llama 3.x), hermes (Qwen 2.5 and 3, Hermes) or mistral")
@@ -271,9 +348,10 @@ calibrated simulated executor.`,
 	f.StringArrayVar(&o.AdminAPIKeys, "admin-api-key", envList("DPNODE_ADMIN_API_KEY"), "bearer token of the /admin routes (default: $DPNODE_ADMIN_API_KEY; without one they answer only to this machine)")
 	f.IntVar(&o.MaxPendingRequests, "max-pending-requests", o.MaxPendingRequests, "requests an API server holds beyond what its ranks run at once (ranks x --max-num-seqs); past it, 503 with Retry-After (-1: as many as the ranks run)")
 	f.IntVar(&o.MaxNumSeqs, "max-num-seqs", 0, "most sequences in one engine step (default: the profile's, 256)")
-	f.IntVar(&o.MaxNumBatchedTokens, "max-num-batched-tokens", 0, "token budget of one engine step (default: the profile's, 8192)")
-	f.IntVar(&o.MaxModelLen, "max-model-len", 0, "context length, prompt plus output (default: the profile's)")
+	f.Var((*humanInt)(&o.MaxNumBatchedTokens), "max-num-batched-tokens", "token budget of one engine step; 8k is 8,000, 8K 8,192 (default: the profile's, 8192)")
+	f.Var((*humanInt)(&o.MaxModelLen), "max-model-len", "context length, prompt plus output; 32k is 32,000, 32K 32,768 (default: the profile's)")
 	f.BoolVar(&o.NoPrefixCaching, "no-enable-prefix-caching", false, "turn prefix caching off")
+	addVLLMFlags(f, &o, &vllm)
 	f.IntVar(&o.MaxConnections, "max-connections", 0, "HTTP connections open at once; at the cap a new one replaces the longest idle, and /health and /metrics answer on a small reserve (default: the file descriptors allowed less 1024, at most 65536)")
 	f.DurationVar(&o.HTTPTimeouts.Write, "client-write-timeout", o.HTTPTimeouts.Write, "a client that takes no part of its response for this long has its request aborted and its connection closed")
 	f.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "on SIGTERM, how long to let requests in flight finish")

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -28,7 +29,7 @@ import (
 func buildDpnode(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "dpnode")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	out, err := exec.Command("go", "build", "-buildvcs=auto", "-o", bin, ".").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -53,6 +54,20 @@ func TestContradictoryFlagsFailBeforeAnythingStarts(t *testing.T) {
 		{[]string{"--threads", "2"}, "--threads is the llamacpp engine's; --engine sim does not use it"},
 		{[]string{"--engine", "llamacpp", "--sim-time-scale", "0"}, "--sim-time-scale is the sim engine's; --engine llamacpp does not use it"},
 		{[]string{"--chat-template", "x.jinja"}, "--chat-template is not used by --engine sim"},
+		// vLLM's flags that do not map say what to do instead.
+		{[]string{"--tensor-parallel-size", "2"}, "a dpnode rank runs on one GPU"},
+		{[]string{"--pipeline-parallel-size", "2"}, "a dpnode rank runs on one GPU"},
+		{[]string{"--data-parallel-address", "10.0.0.1"}, "dpnode finds nodes by gossip; give --seeds 10.0.0.1:7946"},
+		{[]string{"--api-server-count", "4"}, "a dpnode node runs one API server"},
+		{[]string{"--dtype", "bfloat16"}, "--dtype takes only auto"},
+		{[]string{"--no-enable-chunked-prefill"}, "dpnode always prefills long prompts in chunks"},
+		{[]string{"--enable-chunked-prefill=false"}, "dpnode always prefills long prompts in chunks"},
+		{[]string{"--enable-prefix-caching", "--no-enable-prefix-caching"}, "contradict each other"},
+		{[]string{"--max-model-len", "1.5K"}, "no decimals with a binary suffix"},
+		{[]string{"--max-model-len", "lots"}, "want a count such as 4096"},
+		{[]string{"--no-such-flag"}, "unknown flag: --no-such-flag"},
+		// A GGUF file runs on the llama.cpp engine, which reads it.
+		{[]string{"--model", "/nonexistent/model.gguf", "--sim-time-scale", "1"}, "--sim-time-scale is the sim engine's; --engine llamacpp does not use it"},
 	}
 	for _, c := range cases {
 		// Bounded: a flag that is not refused starts a node that serves
@@ -145,7 +160,14 @@ func TestSIGTERMDrainsThenExitsZero(t *testing.T) {
 // startNode runs dpnode with args and returns its URL and the command.
 func startNode(t *testing.T, bin string, args ...string) (string, *exec.Cmd) {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"join", "--host", "127.0.0.1", "--port", "0", "--bind", "127.0.0.1:0", "--data-parallel-rpc-port", "0"}, args...)...)
+	return startCommand(t, bin, append([]string{"join"}, args...)...)
+}
+
+// startCommand runs dpnode with args (a command and its own), on
+// loopback ports it picks, and returns its URL once it serves.
+func startCommand(t *testing.T, bin string, args ...string) (string, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(bin, append(slices.Clone(args), "--host", "127.0.0.1", "--port", "0", "--bind", "127.0.0.1:0", "--data-parallel-rpc-port", "0")...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -292,5 +314,81 @@ func TestSecretFlagsAreWarnedOf(t *testing.T) {
 	}
 	if strings.Contains(out, "admin-api-key") || strings.Contains(out, "on-the-command-line") {
 		t.Fatalf("warned of a key from the environment, or logged a key:\n%s", out)
+	}
+}
+
+// TestServeTakesAVLLMCommandLine starts dpnode as vllm serve is started:
+// a positional model, several served names after one flag, a length
+// with a suffix, and vLLM's flags that mean what dpnode does anyway.
+func TestServeTakesAVLLMCommandLine(t *testing.T) {
+	bin := buildDpnode(t)
+	base, _ := startCommand(t, bin, "serve", "org/some-model", "--served-model-name", "first", "second", "--max-model-len", "2k",
+		"--enable-prefix-caching", "--enable-chunked-prefill", "--tensor-parallel-size", "1", "--dtype", "auto",
+		"--disable-log-requests", "--disable-log-stats", "--api-server-count", "1")
+	var models struct {
+		Data []struct {
+			ID          string `json:"id"`
+			MaxModelLen int    `json:"max_model_len"`
+		} `json:"data"`
+	}
+	getJSON(t, base+"/v1/models", &models)
+	if len(models.Data) != 2 || models.Data[0].ID != "first" || models.Data[1].ID != "second" || models.Data[0].MaxModelLen != 2000 {
+		t.Fatalf("/v1/models: %+v; want first and second, of 2,000 tokens (2k)", models.Data)
+	}
+	code, body := post(t, base+"/v1/completions", "", `{"model": "second", "prompt": "hi", "max_tokens": 2}`)
+	if code != http.StatusOK || !strings.Contains(body, `"model":"first"`) {
+		t.Fatalf("a completion asked of its second name: %d %s", code, body)
+	}
+	// /version: a build from a checkout says its revision.
+	var v map[string]string
+	getJSON(t, base+"/version", &v)
+	if v["version"] == "" || v["go"] == "" {
+		t.Fatalf("/version %v: want a version and the Go version", v)
+	}
+	if rev, err := exec.Command("git", "rev-parse", "HEAD").Output(); err == nil {
+		// Go's pseudo-version of the module, which names the revision.
+		head := strings.TrimSpace(string(rev))
+		if v["revision"] != head || !strings.Contains(v["version"], head[:12]) {
+			t.Fatalf("/version %v: want the checkout's revision %s", v, head)
+		}
+	}
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+func TestHumanIntIsVLLMs(t *testing.T) {
+	for in, want := range map[string]int{"4096": 4096, "32k": 32000, "32K": 32768, "25.6k": 25600, "1m": 1000000, "1M": 1 << 20, "1G": 1 << 30} {
+		if got, err := parseHumanInt(in); err != nil || got != want {
+			t.Errorf("%q: %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "1.5K", "-1", "1t", "k", "2.5", "3G3", "9999999G"} {
+		if got, err := parseHumanInt(in); err == nil {
+			t.Errorf("%q: %d; want an error", in, got)
+		}
+	}
+}
+
+func TestSpreadNames(t *testing.T) {
+	for _, c := range []struct{ in, want []string }{
+		{[]string{"serve", "m", "--served-model-name", "a", "b", "--port", "1"},
+			[]string{"serve", "m", "--served-model-name", "a", "--served-model-name", "b", "--port", "1"}},
+		{[]string{"join", "--served-model-name", "a"}, []string{"join", "--served-model-name", "a"}},
+		{[]string{"join", "--served-model-name=a,b", "x"}, []string{"join", "--served-model-name=a,b", "x"}},
+		{[]string{"join", "--", "--served-model-name", "a", "b"}, []string{"join", "--", "--served-model-name", "a", "b"}},
+	} {
+		if got := spreadNames(c.in); !slices.Equal(got, c.want) {
+			t.Errorf("spreadNames(%q) = %q, want %q", c.in, got, c.want)
+		}
 	}
 }

@@ -110,7 +110,7 @@ func descName(d *prometheus.Desc) (string, error) {
 // them.
 func exportedSeries() (map[string]string, error) {
 	r := &seriesRecorder{family: map[string]string{}}
-	actors.NewMetrics(r, "model")
+	actors.NewMetrics(r, "model", 1024)
 	// A key file's metrics exist with one.
 	f, err := os.CreateTemp("", "keys")
 	if err != nil {

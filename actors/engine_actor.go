@@ -40,6 +40,8 @@ type EngineConfig struct {
 	// leaves the engine running.
 	APIServer *actor.PID
 	Logger    *slog.Logger
+	// Ready, when set, hears that the engine has started.
+	Ready func(rank int)
 }
 
 // EngineActor runs one rank: it feeds its engine (an engine.Core) the
@@ -288,6 +290,9 @@ func (e *EngineActor) readied() {
 	e.cfg.Metrics.setCacheConfig(cc)
 	if e.cfg.Logger != nil {
 		e.cfg.Logger.Info("rank ready", attrs...)
+	}
+	if e.cfg.Ready != nil {
+		e.cfg.Ready(e.cfg.Rank)
 	}
 }
 

@@ -226,6 +226,7 @@ func (n *nodeActor) startEngines(ctx actor.Context) []LocalEngine {
 			Metrics:           n.metrics.forRank(rank, true),
 			APIServer:         api,
 			Logger:            cfg.Logger.With("rank", rank),
+			Ready:             cfg.RankReady,
 		}
 		// From the clock, not 1: other nodes' API servers that sent the
 		// rank requests must see a restarted node's engines as new

@@ -25,7 +25,10 @@ type NodeConfig struct {
 	Model    string
 	Topology dp.Topology
 	// Devices are the GPUs of the local ranks, one each, in rank order.
-	Devices   []gpu.Device
+	Devices []gpu.Device
+	// RankReady, when set, hears of each local rank's engine that has
+	// started (again, after a restart); it must not block.
+	RankReady func(rank int)
 	Scheduler engine.SchedulerConfig
 	// NewCore opens a local rank's engine; it is called again each time
 	// the rank's engine restarts, off the engine's mailbox, and must

@@ -11,7 +11,13 @@ import (
 // the port to the node's routes.
 type Starting struct {
 	h atomic.Pointer[http.Handler]
+	// loading lists the local ranks whose engines have not started yet,
+	// once the node has begun starting them.
+	loading atomic.Pointer[func() []int]
 }
+
+// Loading has /health list the ranks loading returns.
+func (s *Starting) Loading(loading func() []int) { s.loading.Store(&loading) }
 
 // Ready serves h from now on.
 func (s *Starting) Ready(h http.Handler) { s.h.Store(&h) }
@@ -23,7 +29,11 @@ func (s *Starting) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Retry-After", "5")
 	if r.URL.Path == "/health" {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "starting"})
+		body := map[string]any{"status": "starting"}
+		if f := s.loading.Load(); f != nil {
+			body["loading_ranks"] = (*f)()
+		}
+		writeJSON(w, http.StatusServiceUnavailable, body)
 		return
 	}
 	writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: strp("starting"),

@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -609,8 +610,17 @@ func TestLlamaCppInternalModeAcrossProcesses(t *testing.T) {
 	engine := []string{"--engine", "llamacpp", "--model", model, "--threads", "1", "--kv-cache-memory-bytes", "16MiB", "--max-num-seqs", "16"}
 	a := startProc(t, "127.0.0.91", nodeArgs("127.0.0.91", append([]string{"--host", "127.0.0.91", "--port", "0",
 		"--data-parallel-lb", "internal", "--data-parallel-size", "2", "--data-parallel-size-local", "0"}, engine...)...)...)
-	startProc(t, "127.0.0.92", nodeArgs("127.0.0.92", append([]string{"--headless", "--data-parallel-size", "2",
+	b := startProc(t, "127.0.0.92", nodeArgs("127.0.0.92", append([]string{"--headless", "--data-parallel-size", "2",
 		"--data-parallel-size-local", "2", "--seeds", "127.0.0.91:7946"}, engine...)...)...)
+	// Each rank said how its model's load went, before the node served.
+	for rank := range 2 {
+		for _, line := range []string{`msg="loading the model" rank=%d component=llama.cpp progress=100%%`,
+			`msg="model loaded" rank=%d .*kv_cache_cells=\d+ kv_cache_bytes=\d+`, `msg="rank ready" rank=%d .*took=\S+ kv_cache_tokens=\d+`} {
+			if found, _ := b.logs.find(regexp.MustCompile(fmt.Sprintf(line, rank)), 0); found == "" {
+				t.Errorf("no line %q in the headless node's log", fmt.Sprintf(line, rank))
+			}
+		}
+	}
 	a.waitView("the API node balances over both remote ranks", 60*time.Second, func(v clusterView) bool {
 		ready := 0
 		for _, r := range v.Ranks {

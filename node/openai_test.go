@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"syscall"
@@ -269,4 +270,31 @@ func TestOpenAIEngineInFrontOfServers(t *testing.T) {
 		}
 		front.waitLog(`127.0.0.235.*(stopped answering /health|gave no output)`, 5*time.Second)
 	})
+}
+
+// TestOpenAINodeWaitsForItsServerAndSaysSo: a server that does not answer
+// yet is waited for, as a model that loads: the node answers on its port
+// meanwhile, /health naming the rank still loading, and serves once the
+// server does.
+func TestOpenAINodeWaitsForItsServerAndSaysSo(t *testing.T) {
+	const ip, serverIP = "127.0.0.204", "127.0.0.205"
+	serverURL := "http://" + serverIP + ":18300"
+	p := spawn(t, ip, dpnodeBin, nodeArgs(ip, "--host", ip, "--port", "8000", "--engine", "openai", "--model", simModel,
+		"--engine-url", serverURL, "--engine-health-interval", "200ms")...)
+	p.waitLog(`msg="waiting for the server"`, 30*time.Second)
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get("http://" + ip + ":8000/health")
+	if err != nil {
+		t.Fatalf("/health while the server is away: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), `"loading_ranks":[0]`) {
+		t.Fatalf("/health while the server is away: %d %s; want 503 naming rank 0 as loading", resp.StatusCode, body)
+	}
+	startProc(t, serverIP, nodeArgs(serverIP, "--host", serverIP, "--port", "18300", "--gpus", "1")...)
+	if err := p.serving(); err != nil {
+		t.Fatalf("the node did not serve once its server did: %v", err)
+	}
+	completeIDs(t, p.url, `{"model": "`+simModel+`", "prompt": "hello", "max_tokens": 3}`)
 }

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	mrand "math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -242,6 +245,13 @@ func (s *startup) join(ctx context.Context) error {
 // the node's actors, returning once every local rank is ready.
 func (s *startup) startEngines(ctx context.Context) error {
 	o, p, r := s.o, s.p, s.r
+	var loading *rankSet
+	if r.starting != nil {
+		// /health says which ranks still load their model (or wait
+		// for their servers).
+		loading = newRankSet(s.topo.StartRank, s.topo.LocalSize)
+		r.starting.Loading(loading.list)
+	}
 	var err error
 	if s.eng, err = p.openEngine(ctx, o, s.topo); err != nil {
 		return err
@@ -281,6 +291,9 @@ func (s *startup) startEngines(ctx context.Context) error {
 	cfg.Restart.MaxRestarts, cfg.Restart.Window = o.EngineMaxRestarts, o.EngineRestartWindow
 	cfg.CollectiveTimeout = o.CollectiveTimeout
 	cfg.NewCore = s.eng.NewCore
+	if loading != nil {
+		cfg.RankReady = loading.remove
+	}
 	if s.eng.StartTimeout > 0 {
 		cfg.StartTimeout = s.eng.StartTimeout
 	}
@@ -382,4 +395,31 @@ func (c cleanups) run() {
 	for i := len(c) - 1; i >= 0; i-- {
 		c[i]()
 	}
+}
+
+// rankSet is a set of ranks that goroutines share.
+type rankSet struct {
+	mu    sync.Mutex
+	ranks map[int]bool
+}
+
+func newRankSet(start, n int) *rankSet {
+	s := &rankSet{ranks: make(map[int]bool, n)}
+	for r := start; r < start+n; r++ {
+		s.ranks[r] = true
+	}
+	return s
+}
+
+func (s *rankSet) remove(rank int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.ranks, rank)
+}
+
+// list returns the ranks in order.
+func (s *rankSet) list() []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Sorted(maps.Keys(s.ranks))
 }

@@ -69,3 +69,24 @@ func TestStatsLineSumsTheRanks(t *testing.T) {
 		t.Fatalf("an idle interval logged %q at info", out.String())
 	}
 }
+
+// TestStatsLineFollowsTheFlag: a node logs stats unless --disable-log-stats.
+func TestStatsLineFollowsTheFlag(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		o := DefaultOptions()
+		o.Host, o.Port = "127.0.0.1", 0
+		o.Bind, o.RPCPort = "127.0.0.1:0", 0
+		o.Logger = slog.New(slog.DiscardHandler)
+		o.DisableLogStats = off
+		r, err := Start(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if on := r.stopStats != nil; on == off {
+			t.Errorf("--disable-log-stats %v: stats logged %v", off, on)
+		}
+		if err := r.Shutdown(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -137,6 +137,8 @@ func NewExecutor(ctx context.Context, cfg ExecutorConfig) (*Executor, error) {
 		w.Close()
 		return nil, fmt.Errorf("llamacpp: the worker's KV streams hold %d tokens, less than the max model length %d", ready.StreamCells, sc.MaxModelLen)
 	}
+	w.log.Info("model loaded", "device", ready.Device, "model_bytes", ready.ModelBytes, "kv_cache_cells", ready.KvCells,
+		"kv_cache_bytes", uint64(ready.KvCells)*ready.KvBytesPerToken, "sequences", ready.Sequences, "stream_cells", ready.StreamCells)
 	if ready.GreedyInGraph {
 		w.log.Info("greedy requests are sampled in llama.cpp's graph: their logits stay on the device", "device", ready.Device)
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -154,6 +155,13 @@ func StartWorker(ctx context.Context, cfg WorkerConfig, load *dpnodev1.LoadModel
 	return w, ready, nil
 }
 
+// loadProgress starts the worker's lines that say how far its model's load
+// is, in percent; offloaded is llama.cpp's line that says how many layers
+// went to the GPU.
+const loadProgress = "dpnode-load-progress "
+
+var offloaded = regexp.MustCompile(`offloaded (\d+)/(\d+) layers to GPU`)
+
 // maxTail is how many of the worker's last log lines an error quotes.
 const maxTail = 8
 
@@ -163,6 +171,13 @@ func (w *Worker) readLog(r io.Reader, done chan struct{}) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
+		if pct, ok := strings.CutPrefix(line, loadProgress); ok {
+			w.log.Info("loading the model", "progress", pct+"%")
+			continue
+		}
+		if m := offloaded.FindStringSubmatch(line); m != nil {
+			w.log.Info("layers offloaded to the GPU", "layers", m[1], "of", m[2])
+		}
 		w.log.Debug(line, "source", "llama.cpp")
 		w.mu.Lock()
 		w.tail = append(w.tail, line)

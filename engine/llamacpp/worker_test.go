@@ -445,3 +445,26 @@ func TestTestModelIsWhatLlamaCppReads(t *testing.T) {
 		t.Fatalf("attn_k dims %v (64 wide, 2 KV heads of 16)", k.Dims)
 	}
 }
+
+// TestWorkerLogSaysTheLoadAtInfo: of the worker's log, its load progress
+// and llama.cpp's count of offloaded layers are the node's info lines;
+// the rest stays at debug, and only that is kept for errors.
+func TestWorkerLogSaysTheLoadAtInfo(t *testing.T) {
+	var out bytes.Buffer
+	w := &Worker{log: slog.New(slog.NewTextHandler(&out, nil))}
+	done := make(chan struct{})
+	w.readLog(strings.NewReader("dpnode-load-progress 40\nload_tensors: offloaded 29/29 layers to GPU\nllama_context: n_ctx = 4096\n"), done)
+	<-done
+	got := out.String()
+	for _, want := range []string{`level=INFO msg="loading the model" progress=40%`, `level=INFO msg="layers offloaded to the GPU" layers=29 of=29`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("log %q lacks %q", got, want)
+		}
+	}
+	if strings.Contains(got, "n_ctx") {
+		t.Errorf("log %q: llama.cpp's other lines are for debug", got)
+	}
+	if len(w.tail) != 2 || strings.Contains(strings.Join(w.tail, "\n"), "dpnode-load-progress") {
+		t.Errorf("kept for errors: %q; want llama.cpp's two lines", w.tail)
+	}
+}

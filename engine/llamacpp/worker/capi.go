@@ -49,10 +49,27 @@ static void dpn_init(const char * backend_dir, int quiet) {
 static const char * dpn_take_error(void) { return dpn_last_error; }
 static void dpn_clear_error(void) { dpn_last_error[0] = 0; }
 
+// dpn_progress tells the engine how far the model's load is, every tenth,
+// on a line of its own that the engine reads from the worker's log.
+static int dpn_load_tenths = -1;
+
+static bool dpn_progress(float progress, void * user) {
+	(void)user;
+	int tenths = (int)(progress * 10.0f);
+	if (tenths > dpn_load_tenths) {
+		dpn_load_tenths = tenths;
+		fprintf(stderr, "dpnode-load-progress %d\n", tenths * 10);
+	}
+	return true;
+}
+
 static struct llama_model * dpn_load(const char * path, int vocab_only, int gpu_layers) {
 	struct llama_model_params p = llama_model_default_params();
 	p.vocab_only = vocab_only;
 	p.n_gpu_layers = gpu_layers;
+	if (!vocab_only) {
+		p.progress_callback = dpn_progress;
+	}
 	return llama_model_load_from_file(path, p);
 }
 

@@ -277,21 +277,16 @@ func (m *Metrics) outcomeSeriesOf(rank int) *outcomeSeries {
 }
 
 // cacheConfigLabels are the labels of vllm:cache_config_info: the fields
-// of vLLM's CacheConfig that mean something for dpnode's engines, with
-// the engine.
-var cacheConfigLabels = []string{"block_size", "cache_dtype", "enable_prefix_caching", "gpu_memory_utilization",
-	"kv_cache_memory_bytes", "num_gpu_blocks", "engine"}
+// of vLLM's CacheConfig that dpnode's engines know, with the engine.
+var cacheConfigLabels = []string{"block_size", "enable_prefix_caching", "num_gpu_blocks", "engine"}
 
-// CacheConfig is what vllm:cache_config_info says of a rank's KV cache,
-// in vLLM's spelling of each value (Python's: True, None).
+// CacheConfig is what vllm:cache_config_info says of a rank's KV cache.
 type CacheConfig struct {
-	BlockSize            int
-	CacheDType           string
-	EnablePrefixCaching  bool
-	GPUMemoryUtilization float64
-	// KVCacheMemoryBytes and NumGPUBlocks are 0 where not known.
-	KVCacheMemoryBytes int64
-	NumGPUBlocks       int
+	BlockSize           int
+	EnablePrefixCaching bool
+	// NumGPUBlocks is the cache's capacity in blocks; 0 where not known
+	// (a server dpnode stands in front of).
+	NumGPUBlocks int
 }
 
 // setCacheConfig exports the rank's cache configuration; a remote rank's
@@ -302,21 +297,18 @@ func (rm *rankMetrics) setCacheConfig(c CacheConfig) {
 	}
 }
 
+// setCacheConfig exports rank's cache configuration in vLLM's spelling of
+// each value (Python's: True, None).
 func (m *Metrics) setCacheConfig(rank int, c CacheConfig) {
 	m.cacheConfig.DeletePartialMatch(prometheus.Labels{"engine": strconv.Itoa(rank)})
-	orNone := func(v int64) string {
+	orNone := func(v int) string {
 		if v <= 0 {
 			return "None"
 		}
-		return strconv.FormatInt(v, 10)
+		return strconv.Itoa(v)
 	}
 	pyBool := map[bool]string{true: "True", false: "False"}[c.EnablePrefixCaching]
-	dtype := c.CacheDType
-	if dtype == "" {
-		dtype = "auto"
-	}
-	m.cacheConfig.WithLabelValues(orNone(int64(c.BlockSize)), dtype, pyBool, strconv.FormatFloat(c.GPUMemoryUtilization, 'g', -1, 64),
-		orNone(c.KVCacheMemoryBytes), orNone(int64(c.NumGPUBlocks)), strconv.Itoa(rank)).Set(1)
+	m.cacheConfig.WithLabelValues(orNone(c.BlockSize), pyBool, orNone(c.NumGPUBlocks), strconv.Itoa(rank)).Set(1)
 }
 
 // rankMetrics holds one rank's series, resolved once so that the per-token

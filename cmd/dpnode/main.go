@@ -285,8 +285,8 @@ func newNodeCommand(args cobra.PositionalArgs) *cobra.Command {
 				}
 				o.Model = args[0]
 			}
-			if !cmd.Flags().Changed("engine") && strings.HasSuffix(strings.ToLower(o.Model), ".gguf") {
-				o.Engine = "llamacpp"
+			if e, ok := registry.ForModel(engines.All(), o.Model); ok && !cmd.Flags().Changed("engine") {
+				o.Engine = e.Name
 			}
 			if err := vllm.check(cmd.Flags(), &o); err != nil {
 				return err

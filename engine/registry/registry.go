@@ -26,6 +26,21 @@ type Engine struct {
 	Summary string
 	// NewOptions returns the engine's own options at their defaults.
 	NewOptions func() Options
+	// ModelSuffix, when set, is the file name ending of the models the
+	// engine runs (".gguf"): a --model that ends so picks the engine when
+	// --engine is not given.
+	ModelSuffix string
+}
+
+// ForModel returns the engine of engines whose ModelSuffix model ends
+// with (case aside); false when none claims it.
+func ForModel(engines []Engine, model string) (Engine, bool) {
+	for _, e := range engines {
+		if e.ModelSuffix != "" && strings.HasSuffix(strings.ToLower(model), strings.ToLower(e.ModelSuffix)) {
+			return e, true
+		}
+	}
+	return Engine{}, false
 }
 
 // Options are an engine's own settings. Their flags belong to the engine:

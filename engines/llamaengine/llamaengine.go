@@ -22,9 +22,10 @@ import (
 
 // Engine is the llama.cpp engine.
 var Engine = registry.Engine{
-	Name:       "llamacpp",
-	Summary:    "a GGUF model in llama.cpp, a worker process per rank",
-	NewOptions: func() registry.Options { return DefaultOptions() },
+	Name:        "llamacpp",
+	Summary:     "a GGUF model in llama.cpp, a worker process per rank",
+	NewOptions:  func() registry.Options { return DefaultOptions() },
+	ModelSuffix: ".gguf",
 }
 
 // Options are the llama.cpp engine's flags.

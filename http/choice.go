@@ -58,6 +58,37 @@ type choice struct {
 	calls   *toolcall.Parser
 	parsed  strings.Builder
 	callIDs []string
+	// held are tokens whose text came back ending in U+FFFD, decoded
+	// again with the tokens after them (decodeText).
+	held []uint32
+}
+
+// maxHeld bounds the tokens held for a character the next ones may
+// complete: a character is at most four bytes, and an event may carry a
+// few tokens before the one that ends inside it.
+const maxHeld = 16
+
+// decodeText returns the text of an event's tokens. A tokenizer that
+// decodes by asking a server for text (the openai engine's without
+// --tokenizer) gives a token holding part of a character as U+FFFD, where
+// dpnode's own give its bytes: so tokens whose text ends in U+FFFD are held
+// and decoded again with the next ones, which complete the character
+// (decoded together, the server gives it whole). A real U+FFFD in the text
+// is only late by a few tokens; at the end (final) nothing is held.
+func (c *choice) decodeText(decode func([]uint32) string, ids []uint32, final bool) string {
+	if len(c.held) > 0 {
+		ids = append(c.held, ids...)
+		c.held = nil
+	}
+	if len(ids) == 0 {
+		return ""
+	}
+	text := decode(ids)
+	if !final && len(ids) < maxHeld && strings.HasSuffix(text, "\uFFFD") {
+		c.held = append(c.held[:0], ids...)
+		return ""
+	}
+	return text
 }
 
 // addText appends decoded text and matches stop strings in the part that

@@ -459,7 +459,8 @@ func (s *Server) take(g *genSpec, c *choice, ev actors.Event) engine.FinishReaso
 			text = text[:n-1]
 		}
 	}
-	if len(text) > 0 && c.addText(g.decode(text), g.stops, g.includeStop) {
+	final := ev.Finish != engine.NotFinished
+	if delta := c.decodeText(g.decode, text, final); delta != "" && c.addText(delta, g.stops, g.includeStop) {
 		s.cfg.Backend.Abort(c.subID)
 		return engine.FinishedStop
 	}

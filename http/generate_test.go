@@ -51,6 +51,53 @@ func TestStreamHoldsBackPartialCharacters(t *testing.T) {
 	}
 }
 
+// TestStreamDecodesCharactersATokenizerSplits streams "🦙 and é!" a token
+// at a time through a tokenizer that decodes as a server does, by text
+// (invalid UTF-8 comes back as U+FFFD): the tokens holding part of a
+// character are held until the next ones complete it, so the stream still
+// adds up to the text, and a real U+FFFD is late, not lost.
+func TestStreamDecodesCharactersATokenizerSplits(t *testing.T) {
+	vocab := map[uint32]string{1: " \xF0\x9F", 2: "\xA6", 3: "\x99", 4: " and", 5: " \xC3", 6: "\xA9", 7: "!", 8: " \uFFFD"}
+	asked := 0
+	decode := func(ids []uint32) string {
+		asked++
+		var b strings.Builder
+		for _, id := range ids {
+			b.WriteString(vocab[id])
+		}
+		return strings.ToValidUTF8(b.String(), "\uFFFD")
+	}
+	run := func(toks []uint32) []string {
+		c := &choice{}
+		var sent []string
+		for i, tok := range toks {
+			final := i == len(toks)-1
+			if c.addText(c.decodeText(decode, []uint32{tok}, final), nil, false) {
+				t.Fatal("a stop string matched with none given")
+			}
+			c.done = final
+			if s := c.pending(nil); s != "" {
+				sent = append(sent, s)
+			}
+		}
+		return sent
+	}
+	sent := run([]uint32{1, 2, 3, 4, 5, 6, 8, 7})
+	if got := strings.Join(sent, ""); got != " 🦙 and é \uFFFD!" {
+		t.Fatalf("the events add up to %q (%q)", got, sent)
+	}
+	if sent[0] != " 🦙" {
+		t.Fatalf("first event %q, want the llama whole", sent[0])
+	}
+	if asked != 8 {
+		t.Fatalf("decoded %d times for 8 tokens", asked)
+	}
+	// The end comes inside a character: what is held goes out as is.
+	if sent := run([]uint32{4, 1}); strings.Join(sent, "") != " and \uFFFD" {
+		t.Fatalf("ended inside a character: %q", sent)
+	}
+}
+
 // TestStopStringHoldbackKeepsCharactersWhole checks the stop-string
 // holdback and the partial-character one together.
 func TestStopStringHoldbackKeepsCharactersWhole(t *testing.T) {

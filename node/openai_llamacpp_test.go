@@ -3,11 +3,16 @@
 package node_test
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dpnode/dpnode/engine/llamacpp"
 	"github.com/dpnode/dpnode/engine/llamacpp/llamacpptest"
@@ -62,5 +67,72 @@ func TestOpenAIEngineMovesGreedyStreamsExactly(t *testing.T) {
 	}
 	if moved := front.metric("dpnode_requests_migrated_total", nil); moved == 0 {
 		t.Error("no request moved")
+	}
+}
+
+// TestOpenAIEngineWithoutTokenizerKeepsCharactersWhole runs a node of the
+// openai engine with no --tokenizer, which decodes output by its server's
+// /detokenize, in front of a dpnode server of the llama.cpp engine. The
+// requests bias the model to two tokens that are each one byte of a
+// two-byte character (a lead byte, a continuation byte), with a
+// repetition penalty so that it alternates: its output holds characters
+// made of two tokens, each U+FFFD alone. Each streamed text must equal
+// the server's own, whose decoding has every byte.
+func TestOpenAIEngineWithoutTokenizerKeepsCharactersWhole(t *testing.T) {
+	model := llamacpptest.Model(t)
+	worker := llamacpptest.Worker(t)
+	t.Setenv(llamacpp.WorkerEnv, worker)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	tok, err := llamacpp.NewTokenizer(ctx, llamacpp.WorkerConfig{Binary: worker}, llamacpptest.Vocab(t, "llama-bpe"), llamacpp.TokenizerConfig{Workers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lead, cont := -1, -1
+	for id := range tok.VocabSize() {
+		if b := tok.Decode([]uint32{uint32(id)}); len(b) == 1 {
+			switch {
+			case lead < 0 && b[0] >= 0xC2 && b[0] <= 0xDF:
+				lead = id
+			case cont < 0 && b[0] >= 0x80 && b[0] <= 0xBF:
+				cont = id
+			}
+		}
+	}
+	char := tok.Decode([]uint32{uint32(lead), uint32(cont)})
+	tok.Close()
+	if lead < 0 || cont < 0 || !utf8.ValidString(char) {
+		t.Fatalf("no one-byte tokens of a two-byte character: %d %d %q", lead, cont, char)
+	}
+
+	srv := startProc(t, "127.0.0.206", nodeArgs("127.0.0.206", "--host", "127.0.0.206", "--port", "0", "--gpus", "1", "--engine", "llamacpp", "--model", model,
+		"--threads", "1", "--kv-cache-memory-bytes", "16MiB", "--max-num-seqs", "8")...)
+	front := startProc(t, "127.0.0.207", nodeArgs("127.0.0.207", "--host", "127.0.0.207", "--port", "0", "--engine", "openai", "--model", model,
+		"--engine-url", srv.url)...)
+	front.waitView("its rank ready", time.Minute, func(v clusterView) bool { return len(v.Ranks) == 1 && v.Ranks[0].Ready })
+
+	direct := &llamaNode{base: srv.url, http: &http.Client{}}
+	whole := 0
+	for i, p := range prompts(4) {
+		req := map[string]any{"prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": true,
+			"logit_bias": map[string]float64{fmt.Sprint(lead): 100, fmt.Sprint(cont): 100}, "repetition_penalty": 2}
+		var want completion
+		direct.postJSON(t, "/v1/completions", req, &want)
+		if len(want.Choices) != 1 {
+			t.Fatalf("prompt %d: the server answered %+v", i, want)
+		}
+		whole += strings.Count(want.Choices[0].Text, char)
+		req["stream"] = true
+		b, _ := json.Marshal(req)
+		got, finish, err := streamText(ctx, front.url, string(b), nil)
+		if err != nil || finish != "length" {
+			t.Fatalf("prompt %d through the front: %q %s %v", i, got, finish, err)
+		}
+		if got != want.Choices[0].Text {
+			t.Errorf("prompt %d: streamed %q\nthe server's %q", i, got, want.Choices[0].Text)
+		}
+	}
+	if whole == 0 {
+		t.Fatalf("no output held %q: the test checked nothing", char)
 	}
 }

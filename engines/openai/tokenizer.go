@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	httpapi "github.com/dpnode/dpnode/http"
 )
@@ -119,7 +120,11 @@ func (p *pool) do(fn func(*server) error) error {
 // for an API server given no --tokenizer. Each token's text is asked once
 // and kept: a stream's tokens decode from memory. A server's /detokenize
 // answers text, so a token that is part of a UTF-8 character decodes, on
-// its own, as U+FFFD; --tokenizer gives every byte exactly.
+// its own, as U+FFFD: such a token is kept as partial, and tokens among
+// which one is partial are asked together, which gives the character
+// whole. The API server holds a streamed token whose text ends in U+FFFD
+// until the next ones complete it; --tokenizer gives every byte exactly,
+// without asking.
 //
 // Concurrency: safe for concurrent use.
 type remoteTokenizer struct {
@@ -127,10 +132,12 @@ type remoteTokenizer struct {
 	logger  *slog.Logger
 	mu      sync.RWMutex
 	pieces  map[uint32]string
+	// partial are the kept tokens whose text alone has U+FFFD in it.
+	partial map[uint32]bool
 }
 
 func newRemoteTokenizer(servers *pool, logger *slog.Logger) *remoteTokenizer {
-	return &remoteTokenizer{servers: servers, logger: logger, pieces: make(map[uint32]string)}
+	return &remoteTokenizer{servers: servers, logger: logger, pieces: make(map[uint32]string), partial: make(map[uint32]bool)}
 }
 
 // maxPieces bounds the kept texts: far above any vocabulary.
@@ -152,16 +159,16 @@ func (t *remoteTokenizer) Encode(text string, addSpecial bool) ([]uint32, error)
 }
 
 // Decode returns the text of ids: from the kept texts when every one is
-// known; a single unknown token is asked and kept; a longer sequence with
-// unknown tokens is asked whole, which decodes characters split across
-// its tokens exactly.
+// known and none of several is partial; a single unknown token is asked
+// and kept; a longer sequence with unknown or partial tokens is asked
+// whole, which decodes characters split across its tokens exactly.
 func (t *remoteTokenizer) Decode(ids []uint32) string {
 	var b strings.Builder
 	t.mu.RLock()
 	known := true
 	for _, id := range ids {
 		p, ok := t.pieces[id]
-		if !ok {
+		if !ok || (len(ids) > 1 && t.partial[id]) {
 			known = false
 			break
 		}
@@ -184,6 +191,9 @@ func (t *remoteTokenizer) Decode(ids []uint32) string {
 		t.mu.Lock()
 		if len(t.pieces) < maxPieces {
 			t.pieces[ids[0]] = text
+			if strings.ContainsRune(text, utf8.RuneError) {
+				t.partial[ids[0]] = true
+			}
 		}
 		t.mu.Unlock()
 	}

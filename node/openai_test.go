@@ -272,6 +272,56 @@ func TestOpenAIEngineInFrontOfServers(t *testing.T) {
 	})
 }
 
+// TestOpenAIEngineExternalMode runs the openai engine in external mode:
+// two nodes of one deployment, each the API server of its one rank, in
+// front of its own server. Each serves what its server gives, streamed
+// or whole, through its own rank alone, and refuses the other's.
+func TestOpenAIEngineExternalMode(t *testing.T) {
+	servers := startSimServers(t, "127.0.0.208", "127.0.0.209")
+	var fronts []*proc
+	for rank, ip := range []string{"127.0.0.218", "127.0.0.219"} {
+		extra := []string{"--data-parallel-size", "2", "--data-parallel-rank", fmt.Sprint(rank)}
+		if rank > 0 {
+			extra = append(extra, "--seeds", "127.0.0.218:7946")
+		}
+		fronts = append(fronts, startOpenAINode(t, ip, servers[rank:rank+1], extra...))
+	}
+	fronts[0].waitView("both ranks ready", 30*time.Second, func(v clusterView) bool {
+		return len(v.Ranks) == 2 && v.Ranks[0].Ready && v.Ranks[1].Ready
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for rank, front := range fronts {
+		body := fmt.Sprintf(`{"prompt":"external %d","max_tokens":12,"return_token_ids":true}`, rank)
+		if want, got := completeIDs(t, servers[rank].url, body), completeIDs(t, front.url, body); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("rank %d: through the node %+v\nfrom its server %+v", rank, got, want)
+		}
+		stream := fmt.Sprintf(`{"prompt":"stream %d","max_tokens":20,"stream":true}`, rank)
+		text, finish, err := streamText(ctx, front.url, stream, nil)
+		whole := completeIDs(t, servers[rank].url, strings.Replace(stream, `"stream":true`, `"stream":false`, 1))
+		if err != nil || text != whole.Choices[0].Text || finish != whole.Choices[0].FinishReason {
+			t.Errorf("rank %d streamed %q (%s, %v); want %q (%s)", rank, text, finish, err, whole.Choices[0].Text, whole.Choices[0].FinishReason)
+		}
+		if failed, first := burst(front.url, 8, 30); failed > 0 {
+			t.Fatalf("rank %d: %d of 8 failed: %v", rank, failed, first)
+		}
+		other := 1 - rank
+		if status, b, err := complete(ctx, front.url, `{"prompt":"x","max_tokens":1}`, map[string]string{"X-data-parallel-rank": fmt.Sprint(other)}); err != nil || status != http.StatusBadRequest {
+			t.Errorf("pinning rank %d on rank %d's node: %d %s %v; want 400", other, rank, status, b, err)
+		}
+	}
+	// Each server ran its node's requests, and only those: its own
+	// requests above (2 + 8 through the node, 2 asked directly).
+	for rank, s := range servers {
+		if n := s.metric("vllm:request_success_total", nil); n != 12 {
+			t.Errorf("rank %d's server finished %v requests, want 12", rank, n)
+		}
+		if n := fronts[rank].metric("vllm:request_success_total", map[string]string{"engine": fmt.Sprint(rank)}); n != 10 {
+			t.Errorf("rank %d's node counts %v requests on its rank, want 10", rank, n)
+		}
+	}
+}
+
 // TestOpenAINodeWaitsForItsServerAndSaysSo: a server that does not answer
 // yet is waited for, as a model that loads: the node answers on its port
 // meanwhile, /health naming the rank still loading, and serves once the

@@ -200,6 +200,11 @@ func (c *core) Abort(ids ...string) {
 
 func (c *core) remove(r *request) {
 	r.cancel()
+	c.forget(r)
+}
+
+// forget ends the request for the core, leaving its stream to end.
+func (c *core) forget(r *request) {
 	delete(c.reqs, r.id)
 	c.live.Store(int64(len(c.reqs)))
 }
@@ -355,7 +360,16 @@ func (s *waitStep) Finish(outs []engine.Output) []engine.Output {
 		r.started = true
 		c.stats.ComputedTokens += uint64(len(toks))
 		steps = steps || len(toks) > 0
-		if finish != engine.NotFinished {
+		switch {
+		case finish == engine.NotFinished:
+		case ev.chunk.finish != engine.NotFinished || finish == engine.FinishedLength:
+			// The server ends the stream itself (it was asked for as
+			// many tokens): it is read to its end, so that its
+			// connection serves the next request, and cut off if it
+			// does not end.
+			time.AfterFunc(drainTimeout, r.cancel)
+			c.forget(r)
+		default:
 			c.remove(r)
 		}
 		outs = append(outs, o)

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -39,6 +41,11 @@ type fakeServer struct {
 	// drop closes the connections of this many completions before any
 	// answer, as a server does to a keep-alive connection it closes.
 	drop atomic.Int32
+	// endHold, when set, holds the end of an OpenAI stream's response
+	// after its [DONE] until closed.
+	endHold chan struct{}
+	// conns counts the connections the server accepted.
+	conns atomic.Int32
 	// bodies are the completions asked for.
 	mu     sync.Mutex
 	bodies []map[string]any
@@ -115,10 +122,23 @@ func newFakeServer(t *testing.T, llama bool, tokens ...uint32) *fakeServer {
 		}
 		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"text\":\"\",\"token_ids\":[],\"finish_reason\":\"length\"}]}\n\n")
 		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"prompt_tokens_details\":{\"cached_tokens\":2}}}\n\ndata: [DONE]\n\n")
+		if f.endHold != nil {
+			fl.Flush()
+			select {
+			case <-f.endHold:
+			case <-r.Context().Done():
+			}
+		}
 	}
 	mux.HandleFunc("POST /v1/completions", stream)
 	mux.HandleFunc("POST /completion", stream)
-	f.srv = httptest.NewServer(mux)
+	f.srv = httptest.NewUnstartedServer(mux)
+	f.srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			f.conns.Add(1)
+		}
+	}
+	f.srv.Start()
 	t.Cleanup(f.srv.Close)
 	return f
 }
@@ -407,4 +427,57 @@ func TestCoreSendsAgainWhatAClosedConnectionLost(t *testing.T) {
 	if sent := len(f.asked()) - before; sent > 2*maxTries {
 		t.Errorf("sent %d times; want at most %d", sent, 2*maxTries)
 	}
+}
+
+// TestCoreKeepsItsConnectionsToTheServer: a server that sends the end of
+// its response after the stream's last event, in a packet of its own (the
+// first request), still gets the next request on the same connection: the
+// core reads each response to its end. (Closed before its end, Go's client
+// would close the connection, and every request would take a new one.)
+func TestCoreKeepsItsConnectionsToTheServer(t *testing.T) {
+	f := newFakeServer(t, false, 7, 8)
+	f.endHold = make(chan struct{})
+	c := openCore(t, f, coreConfig{})
+	// The end is sent once the core has read [DONE].
+	var once sync.Once
+	c.srv.http = &http.Client{Transport: roundTripper(func(req *http.Request) (*http.Response, error) {
+		resp, err := f.srv.Client().Transport.RoundTrip(req)
+		if err == nil && req.URL.Path == "/v1/completions" {
+			resp.Body = &watchBody{ReadCloser: resp.Body, saw: "[DONE]", then: func() { once.Do(func() { close(f.endHold) }) }}
+		}
+		return resp, err
+	})}
+	var conns []int32
+	for i := range 3 {
+		// The server ends the output, not max_tokens: the finish comes
+		// after the stream's end.
+		add(t, c, fmt.Sprint("r", i), engine.SamplingParams{MaxTokens: 3})
+		outs, err := drive(t, c)
+		if toks, fin := tokensOf(outs); err != nil || fmt.Sprint(toks[fmt.Sprint("r", i)]) != "[7 8]" || fin[fmt.Sprint("r", i)] != engine.FinishedLength {
+			t.Fatalf("request %d: %v %v %v", i, toks, fin, err)
+		}
+		conns = append(conns, f.conns.Load())
+	}
+	if conns[1] != conns[0] || conns[2] != conns[0] {
+		t.Fatalf("the server accepted connections %v after each request: the next requests took new ones", conns)
+	}
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// watchBody calls then once a read has returned saw.
+type watchBody struct {
+	io.ReadCloser
+	saw  string
+	then func()
+}
+
+func (b *watchBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if strings.Contains(string(p[:n]), b.saw) {
+		b.then()
+	}
+	return n, err
 }

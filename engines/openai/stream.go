@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/dpnode/dpnode/engine"
 )
@@ -242,6 +244,7 @@ func (c *core) stream(ctx context.Context, r *request) {
 	// last is the finishing chunk, held until the stream ends: the
 	// OpenAI dialect tells the cache hit in a usage chunk after it.
 	var last *chunk
+	ended := false
 	for sc.Scan() {
 		line := sc.Bytes()
 		data, ok := bytes.CutPrefix(line, []byte("data:"))
@@ -267,11 +270,17 @@ func (c *core) stream(ctx context.Context, r *request) {
 			}
 		}
 		if done {
+			ended = true
 			break
 		}
 	}
 	if ctx.Err() != nil {
 		return
+	}
+	if ended {
+		// Before the finish is posted: finishing cancels ctx, which
+		// would close the connection under the read.
+		drain(resp.Body)
 	}
 	switch err := sc.Err(); {
 	case last != nil:
@@ -282,6 +291,27 @@ func (c *core) stream(ctx context.Context, r *request) {
 	default:
 		c.post(ctx, event{req: r, err: &engineError{err: fmt.Errorf("%s: %w", c.srv.base, errStreamEnded)}})
 	}
+}
+
+// drainLimit and drainTimeout bound what is read of a response after its
+// stream's last event.
+const (
+	drainLimit   = 64 << 10
+	drainTimeout = 100 * time.Millisecond
+)
+
+// drain reads a response to its end, so that its connection goes back to
+// the pool. Go's client closes a connection whose response is closed
+// before its end, and a server may send the end of a chunked response
+// after the last event ([DONE]) in a packet of its own: then every
+// request took a new connection, and the closes left the node's side of
+// each in TIME_WAIT, a port for a minute (at a few hundred requests a
+// second to one server, its ports run out). A server that sends on past
+// its last event is cut off after drainTimeout.
+func drain(body io.ReadCloser) {
+	t := time.AfterFunc(drainTimeout, func() { _ = body.Close() })
+	defer t.Stop()
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, drainLimit))
 }
 
 // engineError is a failure of the server itself: the rank restarts and

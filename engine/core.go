@@ -74,9 +74,11 @@ type Capabilities struct {
 	PrefixHashes bool
 	// KVUsage: Stats.KVUsage measures the engine's KV cache.
 	KVUsage bool
-	// Logprobs: the engine computes log-probabilities of output and
-	// prompt tokens (SamplingParams.Logprobs, PromptLogprobs).
+	// Logprobs: the engine computes log-probabilities of output tokens
+	// (SamplingParams.Logprobs).
 	Logprobs bool
+	// PromptLogprobs: and of prompt tokens (SamplingParams.PromptLogprobs).
+	PromptLogprobs bool
 	// Grammar: the engine constrains output to a grammar (structured
 	// output, SamplingParams.Grammar).
 	Grammar bool

@@ -62,6 +62,11 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	g.echo = req.Echo
 	if req.Logprobs != nil {
 		g.askLogprobs(*req.Logprobs)
+		if req.Echo && s.cfg.EngineLacks.PromptLogprobs {
+			writeError(w, badRequest(fmt.Sprintf("echo with logprobs gives the prompt's log-probabilities, which --engine %s does not: %s",
+				s.cfg.Engine, lackWhy[featurePromptLogprobs]), "echo"))
+			return
+		}
 		if req.Echo {
 			// The prompt's too, as evaluation harnesses read them.
 			g.echoLogprobs = true

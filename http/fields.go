@@ -87,19 +87,27 @@ type feature uint8
 
 const (
 	featureLogprobs feature = iota + 1
+	featurePromptLogprobs
 	featureGrammar
 )
 
 // Lacks is what the ranks' engine cannot do, as engine.Capabilities says
 // (turned around, so that the zero Config refuses nothing).
 type Lacks struct {
-	Logprobs, Grammar bool
+	Logprobs, PromptLogprobs, Grammar bool
+}
+
+// LacksOf is what an engine of capabilities c lacks.
+func LacksOf(c engine.Capabilities) Lacks {
+	return Lacks{Logprobs: !c.Logprobs, PromptLogprobs: !c.PromptLogprobs, Grammar: !c.Grammar}
 }
 
 func (l Lacks) has(f feature) bool {
 	switch f {
 	case featureLogprobs:
 		return l.Logprobs
+	case featurePromptLogprobs:
+		return l.PromptLogprobs
 	case featureGrammar:
 		return l.Grammar
 	}
@@ -107,8 +115,9 @@ func (l Lacks) has(f feature) bool {
 }
 
 var lackWhy = map[feature]string{
-	featureLogprobs: "the engine returns no log-probabilities",
-	featureGrammar:  "the engine takes no grammar or schema",
+	featureLogprobs:       "the engine returns no log-probabilities",
+	featurePromptLogprobs: "the engine returns no log-probabilities of the prompt",
+	featureGrammar:        "the engine takes no grammar or schema",
 }
 
 // need returns r refused, unless neutral, under an engine that lacks f.
@@ -159,7 +168,8 @@ var commonFieldRules = []fieldRule{
 	// vLLM adds no spaces around special tokens with a fast tokenizer,
 	// whatever this says; nor does dpnode.
 	applied("spaces_between_special_tokens"),
-	applied("prompt_logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(isNull, "it computes no log-probabilities").need(featureLogprobs),
+	applied("prompt_logprobs").withCheck(integerFromTo(0, engine.MaxTopLogprobs)).notSimulated(isNull, "it computes no log-probabilities").need(featurePromptLogprobs),
+	applied("return_tokens_as_token_ids"),
 	refused("use_beam_search", nullOrBool(false), "beam search is not supported by this server"),
 	refused("length_penalty", nullOrNumber(1), "beam search is not supported by this server"),
 	refused("bad_words", nullOrEmpty, "banned words are not supported by this server"),

@@ -55,6 +55,9 @@ type genSpec struct {
 	// decode writes output tokens as text: without special tokens, or
 	// with them (skip_special_tokens false, or a tool-call parser's).
 	decode func(ids []uint32) string
+	// tokensAsIDs names the tokens of log-probabilities "token_id:N"
+	// (return_tokens_as_token_ids).
+	tokensAsIDs bool
 	// tools, when not nil, reads tool calls from a chat's output.
 	tools *toolSpec
 }
@@ -98,7 +101,7 @@ func (s *Server) spec(r *http.Request, chat bool, p *commonParams, prompts []pro
 		return nil, e
 	}
 	g := &genSpec{chat: chat, created: time.Now().Unix(), model: s.cfg.Backend.Model(), prompts: prompts,
-		n: 1, stops: p.Stop, includeStop: p.IncludeStopStr, stream: p.Stream, tokenIDs: p.ReturnTokenIDs, promptTop: -1}
+		n: 1, stops: p.Stop, includeStop: p.IncludeStopStr, stream: p.Stream, tokenIDs: p.ReturnTokenIDs, tokensAsIDs: p.ReturnTokensAsTokenIDs, promptTop: -1}
 	if chat {
 		g.id = newID("chatcmpl")
 	} else {
@@ -656,17 +659,26 @@ func byteValues(s string) []int {
 	return out
 }
 
+// tokenName is how log-probabilities name token id: its text, or
+// "token_id:N" when the call asked (return_tokens_as_token_ids).
+func (g *genSpec) tokenName(id uint32) string {
+	if g.tokensAsIDs {
+		return "token_id:" + strconv.FormatUint(uint64(id), 10)
+	}
+	return g.decode([]uint32{id})
+}
+
 // chatLogprobs are the log-probabilities of c's tokens not yet given to
 // the client, in the chat shape.
 func (s *Server) chatLogprobs(g *genSpec, c *choice) *chatLogprobs {
 	out := &chatLogprobs{Content: []chatTokenLogprob{}}
 	for i := c.lpsSent; i < len(c.lps) && i < len(c.ids); i++ {
 		lp := c.lps[i]
-		text := g.decode(c.ids[i : i+1])
+		text := g.tokenName(c.ids[i])
 		e := chatTokenLogprob{Token: text, Logprob: finiteLogprob(lp.Logprob), Bytes: byteValues(text),
 			TopLogprobs: make([]chatTopLogprob, 0, len(lp.TopTokenIds))}
 		for j, id := range lp.TopTokenIds[:min(len(lp.TopTokenIds), g.topLogprobs)] {
-			t := g.decode([]uint32{id})
+			t := g.tokenName(id)
 			e.TopLogprobs = append(e.TopLogprobs, chatTopLogprob{Token: t, Logprob: finiteLogprob(lp.TopLogprobs[j]), Bytes: byteValues(t)})
 		}
 		out.Content = append(out.Content, e)
@@ -695,10 +707,10 @@ func (g *genSpec) vllmPromptLogprobs(c *choice) []map[string]promptLogprob {
 		lp := c.promptLps[j-1]
 		m := make(map[string]promptLogprob, g.promptTop+1)
 		for k, id := range lp.TopTokenIds[:min(len(lp.TopTokenIds), g.promptTop)] {
-			m[strconv.FormatUint(uint64(id), 10)] = promptLogprob{Logprob: finiteLogprob(lp.TopLogprobs[k]), Rank: k + 1, DecodedToken: g.decode([]uint32{id})}
+			m[strconv.FormatUint(uint64(id), 10)] = promptLogprob{Logprob: finiteLogprob(lp.TopLogprobs[k]), Rank: k + 1, DecodedToken: g.tokenName(id)}
 		}
 		id := prompt[j]
-		m[strconv.FormatUint(uint64(id), 10)] = promptLogprob{Logprob: finiteLogprob(lp.Logprob), Rank: int(lp.Rank), DecodedToken: g.decode([]uint32{id})}
+		m[strconv.FormatUint(uint64(id), 10)] = promptLogprob{Logprob: finiteLogprob(lp.Logprob), Rank: int(lp.Rank), DecodedToken: g.tokenName(id)}
 		out[j] = m
 	}
 	return out
@@ -710,7 +722,9 @@ func (g *genSpec) vllmPromptLogprobs(c *choice) []map[string]promptLogprob {
 func (s *Server) completionLogprobs(g *genSpec, c *choice) *completionLogprobs {
 	out := &completionLogprobs{Tokens: []string{}, TokenLogprobs: []*float32{}, TopLogprobs: []map[string]float32{}, TextOffset: []int{}}
 	add := func(id uint32, lp *engine.TokenLogprobs) {
-		text := g.decode([]uint32{id})
+		// With token ids for names, the offsets count their lengths,
+		// as vLLM's do.
+		text := g.tokenName(id)
 		out.Tokens = append(out.Tokens, text)
 		out.TextOffset = append(out.TextOffset, c.textOffset)
 		c.textOffset += len(text)
@@ -723,7 +737,7 @@ func (s *Server) completionLogprobs(g *genSpec, c *choice) *completionLogprobs {
 		out.TokenLogprobs = append(out.TokenLogprobs, &x)
 		top := make(map[string]float32, len(lp.TopTokenIds)+1)
 		for j, t := range lp.TopTokenIds[:min(len(lp.TopTokenIds), g.topLogprobs)] {
-			top[g.decode([]uint32{t})] = finiteLogprob(lp.TopLogprobs[j])
+			top[g.tokenName(t)] = finiteLogprob(lp.TopLogprobs[j])
 		}
 		top[text] = x
 		out.TopLogprobs = append(out.TopLogprobs, top)

@@ -208,6 +208,11 @@ type commonParams struct {
 	// ReturnTokenIDs adds the prompt's and the completion's token ids to
 	// the response, as vLLM's return_token_ids does.
 	ReturnTokenIDs bool `json:"return_token_ids"`
+	// ReturnTokensAsTokenIDs names the tokens of log-probabilities
+	// "token_id:N" rather than by their text, as vLLM's
+	// return_tokens_as_token_ids does: a token that is part of a
+	// character, or whose text another token shares, is then known.
+	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids"`
 	// PromptLogprobs asks for vLLM's prompt_logprobs: each prompt token's
 	// log-probability and rank, and this many more likely tokens'.
 	PromptLogprobs *int `json:"prompt_logprobs"`

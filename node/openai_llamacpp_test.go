@@ -136,3 +136,47 @@ func TestOpenAIEngineWithoutTokenizerKeepsCharactersWhole(t *testing.T) {
 		t.Fatalf("no output held %q: the test checked nothing", char)
 	}
 }
+
+// TestOpenAIEngineForwardsLogprobs asks a node of the openai engine, in
+// front of a dpnode server of the llama.cpp engine, for log-probabilities
+// in completions and chats: they are the server's own, as the server gives
+// them asked directly.
+func TestOpenAIEngineForwardsLogprobs(t *testing.T) {
+	model := llamacpptest.Model(t)
+	t.Setenv(llamacpp.WorkerEnv, llamacpptest.Worker(t))
+	srv := startProc(t, "127.0.0.206", nodeArgs("127.0.0.206", "--host", "127.0.0.206", "--port", "0", "--gpus", "1", "--engine", "llamacpp", "--model", model,
+		"--threads", "1", "--kv-cache-memory-bytes", "16MiB", "--max-num-seqs", "4")...)
+	front := startProc(t, "127.0.0.207", nodeArgs("127.0.0.207", "--host", "127.0.0.207", "--port", "0", "--engine", "openai", "--model", model,
+		"--tokenizer", model, "--engine-url", srv.url)...)
+	front.waitView("its rank ready", time.Minute, func(v clusterView) bool { return len(v.Ranks) == 1 && v.Ranks[0].Ready })
+	direct := &llamaNode{base: srv.url, http: &http.Client{}}
+	through := &llamaNode{base: front.url, http: &http.Client{}}
+
+	type logprobs struct {
+		Choices []struct {
+			Logprobs json.RawMessage `json:"logprobs"`
+		} `json:"choices"`
+	}
+	for i, p := range prompts(2) {
+		req := map[string]any{"prompt": p, "max_tokens": 6, "temperature": 0, "ignore_eos": true, "logprobs": 3, "return_tokens_as_token_ids": true}
+		var want, got logprobs
+		direct.postJSON(t, "/v1/completions", req, &want)
+		through.postJSON(t, "/v1/completions", req, &got)
+		if len(want.Choices) != 1 || len(got.Choices) != 1 || !strings.Contains(string(want.Choices[0].Logprobs), "token_id:") {
+			t.Fatalf("prompt %d: the server gave %+v, the node %+v", i, want, got)
+		}
+		if string(got.Choices[0].Logprobs) != string(want.Choices[0].Logprobs) {
+			t.Errorf("prompt %d: through the node %s\nthe server's %s", i, got.Choices[0].Logprobs, want.Choices[0].Logprobs)
+		}
+	}
+	// A chat, its tokens named by text: the node renders and names them
+	// with the same vocabulary as the server.
+	chat := map[string]any{"messages": []map[string]string{{"role": "user", "content": "hello there"}}, "max_tokens": 5, "temperature": 0,
+		"ignore_eos": true, "logprobs": true, "top_logprobs": 2}
+	var want, got logprobs
+	direct.postJSON(t, "/v1/chat/completions", chat, &want)
+	through.postJSON(t, "/v1/chat/completions", chat, &got)
+	if len(want.Choices) != 1 || len(got.Choices) != 1 || string(got.Choices[0].Logprobs) != string(want.Choices[0].Logprobs) {
+		t.Errorf("chat: through the node %+v\nthe server's %+v", got, want)
+	}
+}

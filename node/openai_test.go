@@ -233,9 +233,13 @@ func TestOpenAIEngineInFrontOfServers(t *testing.T) {
 	t.Run("what the engine lacks is refused", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		for _, body := range []string{`{"prompt":"x","max_tokens":3,"logprobs":2}`, `{"prompt":"x","max_tokens":3,"structured_outputs":{"regex":"a+"}}`} {
+		for body, want := range map[string]string{
+			`{"prompt":"x","max_tokens":3,"prompt_logprobs":2}`:                 "not supported by --engine openai",
+			`{"prompt":"x","max_tokens":3,"echo":true,"logprobs":1}`:            "which --engine openai does not",
+			`{"prompt":"x","max_tokens":3,"structured_outputs":{"regex":"a+"}}`: "not supported by --engine openai",
+		} {
 			status, b, err := complete(ctx, front.url, body, nil)
-			if err != nil || status != http.StatusBadRequest || !strings.Contains(string(b), "not supported by --engine openai") {
+			if err != nil || status != http.StatusBadRequest || !strings.Contains(string(b), want) {
 				t.Errorf("%s: %d %v %s; want a 400 naming the engine", body, status, err, b)
 			}
 		}

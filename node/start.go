@@ -324,7 +324,7 @@ func (s *startup) serve(ctx context.Context) error {
 			ChatTemplate:    eng.Template,
 			SimulatedEngine: p.engine.Simulated,
 			Engine:          o.Engine,
-			EngineLacks:     httpapi.Lacks{Logprobs: !p.engine.Capabilities.Logprobs, Grammar: !p.engine.Capabilities.Grammar},
+			EngineLacks:     httpapi.LacksOf(p.engine.Capabilities),
 			ToolCallParser:  o.ToolCallParser,
 			AutoToolChoice:  o.EnableAutoToolChoice,
 			ContentAsText:   o.TokenizeContentAsText,

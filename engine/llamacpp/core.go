@@ -10,7 +10,7 @@ import (
 // Capabilities are the llama.cpp engine's: dpnode's scheduler drives it,
 // with per-index seeded sampling and block hashes; llama.cpp has no
 // expert-parallel API (each rank holds the whole model).
-var Capabilities = engine.Capabilities{ExactMigration: true, PrefixHashes: true, KVUsage: true, Logprobs: true, Grammar: true}
+var Capabilities = engine.Capabilities{ExactMigration: true, PrefixHashes: true, KVUsage: true, Logprobs: true, PromptLogprobs: true, Grammar: true}
 
 // NewCore starts a rank's worker, loads the model and returns the rank's
 // engine under cfg.Scheduler, with the limits the model and its KV memory

@@ -17,9 +17,10 @@ import (
 // own, so a moved request continues from its output so far (exactly only
 // where the server is deterministic), their prefix caches key blocks
 // their own way, and their KV use is whatever their metrics say.
-// Log-probabilities and grammars are not forwarded (yet): the API server
-// refuses requests for them.
-var Capabilities = engine.Capabilities{}
+// The drawn tokens' log-probabilities are the servers'; the prompt's, and
+// grammars, are not forwarded (yet): the API server refuses requests for
+// them.
+var Capabilities = engine.Capabilities{Logprobs: true}
 
 // coreConfig is what a rank's core runs with.
 type coreConfig struct {
@@ -167,8 +168,8 @@ func (c *core) Add(nr engine.NewRequest) error {
 		sp.MaxTokens = c.cfg.MaxModelLen - len(nr.Prompt)
 	}
 	switch {
-	case sp.Logprobs || sp.PromptLogprobs:
-		return errors.New("log-probabilities are not forwarded to the engine's servers (--engine openai)")
+	case sp.PromptLogprobs:
+		return errors.New("the prompt's log-probabilities are not forwarded to the engine's servers (--engine openai)")
 	case sp.Grammar != "":
 		return errors.New("structured output is not forwarded to the engine's servers (--engine openai)")
 	case c.cfg.MaxModelLen > 0 && len(nr.Prompt)+len(nr.Output) >= c.cfg.MaxModelLen:
@@ -350,6 +351,9 @@ func (s *waitStep) Finish(outs []engine.Output) []engine.Output {
 			continue
 		}
 		o := engine.Output{ID: r.id, Client: r.client, Attempt: r.attempt, NewTokens: toks, Finish: finish, First: !r.started}
+		if r.sampling.Logprobs {
+			o.Logprobs = ev.chunk.logprobs[:min(len(toks), len(ev.chunk.logprobs))]
+		}
 		if ev.chunk.cached > 0 {
 			o.NumCachedTokens = ev.chunk.cached
 			c.stats.PrefixHits += uint64(ev.chunk.cached)

@@ -46,6 +46,9 @@ type fakeServer struct {
 	endHold chan struct{}
 	// conns counts the connections the server accepted.
 	conns atomic.Int32
+	// textNames names the alternatives of log-probabilities by their
+	// text, as a server that ignores return_tokens_as_token_ids does.
+	textNames bool
 	// bodies are the completions asked for.
 	mu     sync.Mutex
 	bodies []map[string]any
@@ -99,10 +102,24 @@ func newFakeServer(t *testing.T, llama bool, tokens ...uint32) *fakeServer {
 		}
 		fl := w.(http.Flusher)
 		for i, tok := range f.tokens {
+			// Asked for log-probabilities, each token's is -(its id)/10,
+			// and the alternatives are the tokens 1 and 2 below it.
+			own, alt1, alt2 := -float64(tok)/10, -float64(tok-1)/10-1, -float64(tok-2)/10-2
 			var ev string
 			switch {
+			case f.llama && body["n_probs"] != nil:
+				ev = fmt.Sprintf(`{"tokens":[%d],"stop":false,"completion_probabilities":[{"id":%d,"token":"x","bytes":[120],"logprob":%g,`+
+					`"top_logprobs":[{"id":%d,"token":"y","bytes":[121],"logprob":%g},{"id":%d,"token":"z","bytes":[122],"logprob":%g}]}]}`,
+					tok, tok, own, tok-1, alt1, tok-2, alt2)
 			case f.llama:
 				ev = fmt.Sprintf(`{"tokens":[%d],"stop":false}`, tok)
+			case body["logprobs"] != nil:
+				name := func(id uint32) string { return fmt.Sprintf("token_id:%d", id) }
+				if f.textNames {
+					name = func(id uint32) string { return fmt.Sprintf("t%d", id) }
+				}
+				ev = fmt.Sprintf(`{"choices":[{"index":0,"text":"x","token_ids":[%d],"finish_reason":null,"logprobs":{"tokens":[%q],"token_logprobs":[%g],`+
+					`"top_logprobs":[{%q:%g,%q:%g,%q:%g}]}}]}`, tok, name(tok), own, name(tok-2), alt2, name(tok), own, name(tok-1), alt1)
 			default:
 				ev = fmt.Sprintf(`{"choices":[{"index":0,"text":"x","token_ids":[%d],"finish_reason":null}]}`, tok)
 			}
@@ -388,12 +405,12 @@ func TestCoreAbortEndsTheServersRequest(t *testing.T) {
 	}
 }
 
-// TestCoreRefusesWhatItCannotForward: log-probabilities and grammars are
-// not forwarded; saying so beats answering without them.
+// TestCoreRefusesWhatItCannotForward: the prompt's log-probabilities and
+// grammars are not forwarded; saying so beats answering without them.
 func TestCoreRefusesWhatItCannotForward(t *testing.T) {
 	f := newFakeServer(t, false, 10)
 	c := openCore(t, f, coreConfig{})
-	for _, sp := range []engine.SamplingParams{{MaxTokens: 5, Logprobs: true}, {MaxTokens: 5, Grammar: "root ::= \"a\""}} {
+	for _, sp := range []engine.SamplingParams{{MaxTokens: 5, Logprobs: true, PromptLogprobs: true}, {MaxTokens: 5, Grammar: "root ::= \"a\""}} {
 		if err := c.Add(engine.NewRequest{ID: "x", Prompt: []uint32{1}, Sampling: sp, Client: "x"}); err == nil {
 			t.Errorf("%+v accepted", sp)
 		}
@@ -480,4 +497,58 @@ func (b *watchBody) Read(p []byte) (int, error) {
 		b.then()
 	}
 	return n, err
+}
+
+// TestCoreForwardsLogprobs asks both dialects for log-probabilities: the
+// drawn tokens' come back with their alternatives, most likely first
+// (vLLM's are a map, named by token id: the node asks for the names), and
+// a server that names its alternatives by text fails the request, which
+// the node could not read.
+func TestCoreForwardsLogprobs(t *testing.T) {
+	for _, llama := range []bool{false, true} {
+		t.Run(map[bool]string{false: "openai", true: "llama-server"}[llama], func(t *testing.T) {
+			f := newFakeServer(t, llama, 10, 11, 12)
+			c := openCore(t, f, coreConfig{})
+			add(t, c, "a", engine.SamplingParams{MaxTokens: 2, Logprobs: true, TopLogprobs: 2})
+			outs, err := drive(t, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, o := range outs {
+				if len(o.Logprobs) != len(o.NewTokens) {
+					t.Fatalf("output %+v: %d log-probabilities for %d tokens", o, len(o.Logprobs), len(o.NewTokens))
+				}
+				for i, lp := range o.Logprobs {
+					got = append(got, fmt.Sprintf("%d:%g %v %v", o.NewTokens[i], lp.Logprob, lp.TopTokenIds, lp.TopLogprobs))
+				}
+			}
+			// vLLM's alternatives hold the drawn token; llama-server's
+			// are the ones asked for.
+			want := "[10:-1 [10 9 8] [-1 -1.9 -2.8] 11:-1.1 [11 10 9] [-1.1 -2 -2.9]]"
+			if llama {
+				want = "[10:-1 [9 8] [-1.9 -2.8] 11:-1.1 [10 9] [-2 -2.9]]"
+			}
+			if fmt.Sprint(got) != want {
+				t.Errorf("log-probabilities %v\nwant %v", got, want)
+			}
+			body := f.asked()[0]
+			if llama && fmt.Sprint(body["n_probs"]) != "2" {
+				t.Errorf("llama-server body %v: want n_probs 2", body)
+			}
+			if !llama && (fmt.Sprint(body["logprobs"]) != "2" || body["return_tokens_as_token_ids"] != true) {
+				t.Errorf("openai body %v: want logprobs 2, named by token id", body)
+			}
+		})
+	}
+	t.Run("names by text", func(t *testing.T) {
+		f := newFakeServer(t, false, 10, 11)
+		f.textNames = true
+		c := openCore(t, f, coreConfig{})
+		add(t, c, "a", engine.SamplingParams{MaxTokens: 2, Logprobs: true, TopLogprobs: 1})
+		outs, err := drive(t, c)
+		if err != nil || len(outs) != 1 || outs[0].Finish != engine.FinishedError || !strings.Contains(outs[0].Error, "return_tokens_as_token_ids") {
+			t.Fatalf("%+v %v; want the request failed, saying why", outs, err)
+		}
+	})
 }

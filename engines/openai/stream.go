@@ -3,13 +3,17 @@ package openai
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dpnode/dpnode/engine"
@@ -37,6 +41,11 @@ type completionBody struct {
 	StopTokenIDs      []uint32           `json:"stop_token_ids,omitempty"`
 	LogitBias         map[string]float32 `json:"logit_bias,omitempty"`
 	CacheSalt         string             `json:"cache_salt,omitempty"`
+	// Logprobs asks for the drawn tokens' log-probabilities and this many
+	// more; named by token id (vLLM's return_tokens_as_token_ids), so
+	// that the node knows each one.
+	Logprobs               *int `json:"logprobs,omitempty"`
+	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids,omitempty"`
 }
 
 type streamOptions struct {
@@ -60,6 +69,10 @@ type llamaBody struct {
 	Seed             *int64       `json:"seed,omitempty"`
 	IgnoreEOS        bool         `json:"ignore_eos,omitempty"`
 	LogitBias        [][2]float64 `json:"logit_bias,omitempty"`
+	// NProbs asks for the drawn tokens' log-probabilities (under the raw
+	// logits: llama-server's post_sampling_probs is false by default) and
+	// this many more.
+	NProbs int `json:"n_probs,omitempty"`
 }
 
 // body is the request for r's prompt, and its output so far (a request
@@ -90,6 +103,10 @@ func (s *server) body(r *request) (path string, body any) {
 		for id, v := range sp.LogitBias {
 			b.LogitBias = append(b.LogitBias, [2]float64{float64(id), float64(v)})
 		}
+		if sp.Logprobs {
+			// At least one: with none, no log-probability comes at all.
+			b.NProbs = max(sp.TopLogprobs, 1)
+		}
 		return "/completion", b
 	}
 	b := &completionBody{Model: s.model, Prompt: prompt, MaxTokens: maxTokens, Stream: true, ReturnTokenIDs: true,
@@ -98,6 +115,10 @@ func (s *server) body(r *request) (path string, body any) {
 		PresencePenalty: sp.PresencePenalty, FrequencyPenalty: sp.FrequencyPenalty, RepetitionPenalty: sp.RepetitionPenalty,
 		Seed: sp.Seed, IgnoreEOS: sp.IgnoreEOS, MinTokens: max(sp.MinTokens-len(r.output), 0), StopTokenIDs: sp.StopTokenIDs,
 		CacheSalt: r.cacheSalt}
+	if sp.Logprobs {
+		top := sp.TopLogprobs
+		b.Logprobs, b.ReturnTokensAsTokenIDs = &top, true
+	}
 	if len(sp.LogitBias) > 0 {
 		b.LogitBias = make(map[string]float32, len(sp.LogitBias))
 		for id, v := range sp.LogitBias {
@@ -110,7 +131,9 @@ func (s *server) body(r *request) (path string, body any) {
 // chunk is what one event of a stream says, in either dialect.
 type chunk struct {
 	tokens []uint32
-	finish engine.FinishReason
+	// logprobs are the tokens', when the request asked.
+	logprobs []*engine.TokenLogprobs
+	finish   engine.FinishReason
 	// cached is the prompt tokens the server found in its cache, when it
 	// says; -1 when not.
 	cached int
@@ -121,6 +144,10 @@ type openAIChunk struct {
 	Choices []struct {
 		TokenIDs     []uint32 `json:"token_ids"`
 		FinishReason *string  `json:"finish_reason"`
+		Logprobs     *struct {
+			TokenLogprobs []*float64           `json:"token_logprobs"`
+			TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+		} `json:"logprobs"`
 	} `json:"choices"`
 	Usage *struct {
 		Details *struct {
@@ -134,16 +161,25 @@ type openAIChunk struct {
 
 // llamaChunk is a streamed llama-server /completion event.
 type llamaChunk struct {
-	Tokens   []uint32 `json:"tokens"`
-	Stop     bool     `json:"stop"`
-	StopType string   `json:"stop_type"`
-	Cached   *int     `json:"tokens_cached"`
+	Tokens []uint32 `json:"tokens"`
+	Probs  []struct {
+		llamaProb
+		Top []llamaProb `json:"top_logprobs"`
+	} `json:"completion_probabilities"`
+	Stop     bool   `json:"stop"`
+	StopType string `json:"stop_type"`
+	Cached   *int   `json:"tokens_cached"`
 	Timings  *struct {
 		CacheN *int `json:"cache_n"`
 	} `json:"timings"`
 	Error *struct {
 		Message string `json:"message"`
 	} `json:"error"`
+}
+
+type llamaProb struct {
+	ID      uint32  `json:"id"`
+	Logprob float64 `json:"logprob"`
 }
 
 // errStreamEnded is a stream that ended before its request finished: the
@@ -162,6 +198,18 @@ func (s *server) decode(data []byte) (c chunk, done bool, err error) {
 			return c, false, &requestError{msg: m.Error.Message}
 		}
 		c.tokens = m.Tokens
+		if len(m.Probs) > 0 {
+			if len(m.Probs) != len(m.Tokens) {
+				return c, false, &requestError{msg: fmt.Sprintf("%s gave log-probabilities of %d tokens with %d tokens", s.base, len(m.Probs), len(m.Tokens))}
+			}
+			for _, p := range m.Probs {
+				lp := &engine.TokenLogprobs{Logprob: float32(p.Logprob)}
+				for _, t := range p.Top {
+					lp.TopTokenIds, lp.TopLogprobs = append(lp.TopTokenIds, t.ID), append(lp.TopLogprobs, float32(t.Logprob))
+				}
+				c.logprobs = append(c.logprobs, lp)
+			}
+		}
 		if m.Stop {
 			done = true
 			switch m.StopType {
@@ -191,6 +239,13 @@ func (s *server) decode(data []byte) (c chunk, done bool, err error) {
 	}
 	for _, ch := range m.Choices {
 		c.tokens = append(c.tokens, ch.TokenIDs...)
+		if ch.Logprobs != nil && len(ch.TokenIDs) > 0 {
+			lps, err := openAILogprobs(ch.TokenIDs, ch.Logprobs.TokenLogprobs, ch.Logprobs.TopLogprobs)
+			if err != nil {
+				return c, false, &requestError{msg: fmt.Sprintf("%s: %v", s.base, err)}
+			}
+			c.logprobs = append(c.logprobs, lps...)
+		}
 		if ch.FinishReason != nil {
 			switch *ch.FinishReason {
 			case "stop":
@@ -203,6 +258,50 @@ func (s *server) decode(data []byte) (c chunk, done bool, err error) {
 		}
 	}
 	return c, false, nil
+}
+
+// openAILogprobs reads a completion chunk's log-probabilities, whose top
+// alternatives are named "token_id:N" (return_tokens_as_token_ids): each
+// token's own, and the alternatives most likely first. The alternatives
+// hold the drawn token too when it is not among them, as vLLM's do; it
+// sorts last, past the number asked.
+func openAILogprobs(ids []uint32, own []*float64, tops []map[string]float64) ([]*engine.TokenLogprobs, error) {
+	if len(own) != len(ids) || (len(tops) != 0 && len(tops) != len(ids)) {
+		return nil, fmt.Errorf("log-probabilities of %d tokens came with %d tokens", len(own), len(ids))
+	}
+	out := make([]*engine.TokenLogprobs, len(ids))
+	for i := range ids {
+		lp := &engine.TokenLogprobs{Logprob: float32(math.Inf(-1))}
+		if own[i] != nil {
+			lp.Logprob = float32(*own[i])
+		}
+		if len(tops) > 0 {
+			type alt struct {
+				id uint32
+				lp float64
+			}
+			alts := make([]alt, 0, len(tops[i]))
+			for name, x := range tops[i] {
+				n, ok := strings.CutPrefix(name, "token_id:")
+				id, err := strconv.ParseUint(n, 10, 32)
+				if !ok || err != nil {
+					return nil, fmt.Errorf("a log-probability names its token %q, not token_id:N: the server ignored return_tokens_as_token_ids", name)
+				}
+				alts = append(alts, alt{uint32(id), x})
+			}
+			slices.SortFunc(alts, func(a, b alt) int {
+				if c := cmp.Compare(b.lp, a.lp); c != 0 {
+					return c
+				}
+				return cmp.Compare(a.id, b.id)
+			})
+			for _, a := range alts {
+				lp.TopTokenIds, lp.TopLogprobs = append(lp.TopTokenIds, a.id), append(lp.TopLogprobs, float32(a.lp))
+			}
+		}
+		out[i] = lp
+	}
+	return out, nil
 }
 
 // requestError is a server's refusal of one request (a 4xx, or a 5xx

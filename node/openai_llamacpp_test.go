@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -137,11 +138,11 @@ func TestOpenAIEngineWithoutTokenizerKeepsCharactersWhole(t *testing.T) {
 	}
 }
 
-// TestOpenAIEngineForwardsLogprobs asks a node of the openai engine, in
-// front of a dpnode server of the llama.cpp engine, for log-probabilities
-// in completions and chats: they are the server's own, as the server gives
-// them asked directly.
-func TestOpenAIEngineForwardsLogprobs(t *testing.T) {
+// TestOpenAIEngineForwardsLogprobsAndGrammars asks a node of the openai
+// engine, in front of a dpnode server of the llama.cpp engine, for
+// log-probabilities in completions and chats, and for structured output:
+// they are the server's own, as the server gives them asked directly.
+func TestOpenAIEngineForwardsLogprobsAndGrammars(t *testing.T) {
 	model := llamacpptest.Model(t)
 	t.Setenv(llamacpp.WorkerEnv, llamacpptest.Worker(t))
 	srv := startProc(t, "127.0.0.206", nodeArgs("127.0.0.206", "--host", "127.0.0.206", "--port", "0", "--gpus", "1", "--engine", "llamacpp", "--model", model,
@@ -178,5 +179,35 @@ func TestOpenAIEngineForwardsLogprobs(t *testing.T) {
 	through.postJSON(t, "/v1/chat/completions", chat, &got)
 	if len(want.Choices) != 1 || len(got.Choices) != 1 || string(got.Choices[0].Logprobs) != string(want.Choices[0].Logprobs) {
 		t.Errorf("chat: through the node %+v\nthe server's %+v", got, want)
+	}
+
+	// Structured output: a regex, and a chat's JSON schema.
+	for _, c := range []struct {
+		path string
+		req  map[string]any
+		re   string
+	}{
+		{"/v1/completions", map[string]any{"prompt": prompts(1)[0], "max_tokens": 8, "temperature": 0, "structured_outputs": map[string]any{"regex": "(yes|no)[0-9]{2}"}}, `^(yes|no)[0-9]{2}$`},
+		{"/v1/chat/completions", map[string]any{"messages": []map[string]string{{"role": "user", "content": "a color?"}}, "max_tokens": 40, "temperature": 0,
+			"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "c", "schema": map[string]any{
+				"type": "object", "properties": map[string]any{"color": map[string]any{"enum": []string{"red", "green"}}}, "required": []string{"color"}}}}},
+			`^\{\s*"color"\s*:\s*"(red|green)"\s*\}$`},
+	} {
+		// A completion's text or a chat's content, whichever came.
+		var want, got struct {
+			Choices []struct {
+				Text    string                   `json:"text"`
+				Message struct{ Content string } `json:"message"`
+			} `json:"choices"`
+		}
+		direct.postJSON(t, c.path, c.req, &want)
+		through.postJSON(t, c.path, c.req, &got)
+		if len(want.Choices) != 1 || len(got.Choices) != 1 {
+			t.Fatalf("%s: the server gave %+v, the node %+v", c.path, want, got)
+		}
+		w, g := want.Choices[0].Text+want.Choices[0].Message.Content, got.Choices[0].Text+got.Choices[0].Message.Content
+		if g != w || !regexp.MustCompile(c.re).MatchString(g) {
+			t.Errorf("%s: through the node %q, the server's %q; want both to match %s", c.path, g, w, c.re)
+		}
 	}
 }

@@ -234,14 +234,19 @@ func TestOpenAIEngineInFrontOfServers(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		for body, want := range map[string]string{
-			`{"prompt":"x","max_tokens":3,"prompt_logprobs":2}`:                 "not supported by --engine openai",
-			`{"prompt":"x","max_tokens":3,"echo":true,"logprobs":1}`:            "which --engine openai does not",
-			`{"prompt":"x","max_tokens":3,"structured_outputs":{"regex":"a+"}}`: "not supported by --engine openai",
+			`{"prompt":"x","max_tokens":3,"prompt_logprobs":2}`:      "not supported by --engine openai",
+			`{"prompt":"x","max_tokens":3,"echo":true,"logprobs":1}`: "which --engine openai does not",
 		} {
 			status, b, err := complete(ctx, front.url, body, nil)
 			if err != nil || status != http.StatusBadRequest || !strings.Contains(string(b), want) {
 				t.Errorf("%s: %d %v %s; want a 400 naming the engine", body, status, err, b)
 			}
+		}
+		// Structured output is forwarded; these servers are simulated,
+		// and refuse it themselves.
+		body := `{"prompt":"x","max_tokens":3,"structured_outputs":{"regex":"a+"}}`
+		if status, b, err := complete(ctx, front.url, body, nil); err != nil || status == http.StatusOK || !strings.Contains(string(b), "refused the request: structured_outputs is not supported by the simulated engine") {
+			t.Errorf("%s: %d %v %s; want the server's refusal", body, status, err, b)
 		}
 	})
 

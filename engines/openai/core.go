@@ -17,10 +17,10 @@ import (
 // own, so a moved request continues from its output so far (exactly only
 // where the server is deterministic), their prefix caches key blocks
 // their own way, and their KV use is whatever their metrics say.
-// The drawn tokens' log-probabilities are the servers'; the prompt's, and
-// grammars, are not forwarded (yet): the API server refuses requests for
-// them.
-var Capabilities = engine.Capabilities{Logprobs: true}
+// The drawn tokens' log-probabilities and structured output are the
+// servers'; the prompt's log-probabilities are not forwarded (yet): the
+// API server refuses requests for them.
+var Capabilities = engine.Capabilities{Logprobs: true, Grammar: true}
 
 // coreConfig is what a rank's core runs with.
 type coreConfig struct {
@@ -170,8 +170,11 @@ func (c *core) Add(nr engine.NewRequest) error {
 	switch {
 	case sp.PromptLogprobs:
 		return errors.New("the prompt's log-probabilities are not forwarded to the engine's servers (--engine openai)")
-	case sp.Grammar != "":
-		return errors.New("structured output is not forwarded to the engine's servers (--engine openai)")
+	case sp.Grammar != "" && len(nr.Output) > 0:
+		// A server's grammar starts at the start of its output: given
+		// the output so far as prompt, it would constrain the rest as a
+		// whole answer again.
+		return fmt.Errorf("a structured-output request cannot continue on another server after %d tokens of output (--engine openai): its grammar would start again", len(nr.Output))
 	case c.cfg.MaxModelLen > 0 && len(nr.Prompt)+len(nr.Output) >= c.cfg.MaxModelLen:
 		return fmt.Errorf("the prompt and output so far (%d tokens) leave no room under the model's %d-token context", len(nr.Prompt)+len(nr.Output), c.cfg.MaxModelLen)
 	case sp.MaxTokens <= len(nr.Output):

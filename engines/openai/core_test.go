@@ -405,14 +405,42 @@ func TestCoreAbortEndsTheServersRequest(t *testing.T) {
 	}
 }
 
-// TestCoreRefusesWhatItCannotForward: the prompt's log-probabilities and
-// grammars are not forwarded; saying so beats answering without them.
+// TestCoreRefusesWhatItCannotForward: the prompt's log-probabilities are
+// not forwarded, nor a structured-output request that moved with output
+// (the server's grammar would start again); saying so beats answering
+// without them.
 func TestCoreRefusesWhatItCannotForward(t *testing.T) {
 	f := newFakeServer(t, false, 10)
 	c := openCore(t, f, coreConfig{})
-	for _, sp := range []engine.SamplingParams{{MaxTokens: 5, Logprobs: true, PromptLogprobs: true}, {MaxTokens: 5, Grammar: "root ::= \"a\""}} {
-		if err := c.Add(engine.NewRequest{ID: "x", Prompt: []uint32{1}, Sampling: sp, Client: "x"}); err == nil {
-			t.Errorf("%+v accepted", sp)
+	for _, nr := range []engine.NewRequest{
+		{Sampling: engine.SamplingParams{MaxTokens: 5, Logprobs: true, PromptLogprobs: true}},
+		{Sampling: engine.SamplingParams{MaxTokens: 5, Grammar: "root ::= \"a\"+"}, Output: []uint32{64}},
+	} {
+		nr.ID, nr.Client, nr.Prompt = "x", "x", []uint32{1}
+		if err := c.Add(nr); err == nil {
+			t.Errorf("%+v accepted", nr)
+		}
+	}
+}
+
+// TestCoreForwardsGrammars: a structured-output request goes to the server
+// with the API server's grammar, in either dialect.
+func TestCoreForwardsGrammars(t *testing.T) {
+	const gbnf = "root ::= \"a\"+"
+	for _, llama := range []bool{false, true} {
+		f := newFakeServer(t, llama, 10)
+		c := openCore(t, f, coreConfig{})
+		add(t, c, "g", engine.SamplingParams{MaxTokens: 5, Grammar: gbnf})
+		if _, err := drive(t, c); err != nil {
+			t.Fatal(err)
+		}
+		body := f.asked()[0]
+		got := body["grammar"]
+		if so, ok := body["structured_outputs"].(map[string]any); ok {
+			got = so["grammar"]
+		}
+		if got != gbnf || (llama && body["structured_outputs"] != nil) || (!llama && body["grammar"] != nil) {
+			t.Errorf("llama-server %v: body %v; want the grammar in the dialect's field", llama, body)
 		}
 	}
 }

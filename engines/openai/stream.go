@@ -46,6 +46,13 @@ type completionBody struct {
 	// that the node knows each one.
 	Logprobs               *int `json:"logprobs,omitempty"`
 	ReturnTokensAsTokenIDs bool `json:"return_tokens_as_token_ids,omitempty"`
+	// StructuredOutputs constrains the output to the API server's GBNF
+	// grammar (vLLM's structured_outputs, whose xgrammar reads GBNF).
+	StructuredOutputs *structuredOutputs `json:"structured_outputs,omitempty"`
+}
+
+type structuredOutputs struct {
+	Grammar string `json:"grammar"`
 }
 
 type streamOptions struct {
@@ -73,6 +80,8 @@ type llamaBody struct {
 	// logits: llama-server's post_sampling_probs is false by default) and
 	// this many more.
 	NProbs int `json:"n_probs,omitempty"`
+	// Grammar constrains the output to the API server's GBNF grammar.
+	Grammar string `json:"grammar,omitempty"`
 }
 
 // body is the request for r's prompt, and its output so far (a request
@@ -96,7 +105,7 @@ func (s *server) body(r *request) (path string, body any) {
 		b := &llamaBody{Prompt: prompt, NPredict: maxTokens, Stream: true, ReturnTokens: true, CachePrompt: true,
 			Temperature: sp.Temperature, TopP: topP, TopK: topK, MinP: sp.MinP,
 			PresencePenalty: sp.PresencePenalty, FrequencyPenalty: sp.FrequencyPenalty, RepeatPenalty: sp.RepetitionPenalty,
-			Seed: sp.Seed, IgnoreEOS: sp.IgnoreEOS}
+			Seed: sp.Seed, IgnoreEOS: sp.IgnoreEOS, Grammar: sp.Grammar}
 		if b.RepeatPenalty == 0 {
 			b.RepeatPenalty = 1
 		}
@@ -118,6 +127,9 @@ func (s *server) body(r *request) (path string, body any) {
 	if sp.Logprobs {
 		top := sp.TopLogprobs
 		b.Logprobs, b.ReturnTokensAsTokenIDs = &top, true
+	}
+	if sp.Grammar != "" {
+		b.StructuredOutputs = &structuredOutputs{Grammar: sp.Grammar}
 	}
 	if len(sp.LogitBias) > 0 {
 		b.LogitBias = make(map[string]float32, len(sp.LogitBias))

@@ -662,7 +662,7 @@ func (a *APIServerActor) stepOutputs(msg *dpnodev1.StepOutputs) {
 			continue
 		}
 		out := engine.Output{ID: o.RequestId, NewTokens: o.NewTokenIds, Finish: finishFromWire(o.FinishReason), NumCachedTokens: int(o.NumCachedTokens),
-			Queued: time.Duration(o.QueuedNs), Logprobs: logprobsFromWire(o.Logprobs), PromptLogprobs: logprobsFromWire(o.PromptLogprobs)}
+			Queued: time.Duration(o.QueuedNs), Logprobs: logprobsFromWire(o.Logprobs), PromptLogprobs: logprobsFromWire(o.PromptLogprobs), Refused: o.Refused}
 		prefilled, ended := c.sink.deliver(&out, o.Error, now)
 		a.delivered(c, prefilled, ended, out.Finish == engine.FinishedError)
 	}

@@ -563,7 +563,7 @@ func (e *EngineActor) sendOutputs(ctx actor.Context, outs []engine.Output) {
 		ro := &slab[0]
 		slab = slab[1:]
 		ro.RequestId, ro.NewTokenIds, ro.FinishReason = o.ID, o.NewTokens, finishToWire(o.Finish)
-		ro.NumCachedTokens, ro.Attempt, ro.Error, ro.QueuedNs = uint32(o.NumCachedTokens), o.Attempt, o.Error, int64(o.Queued)
+		ro.NumCachedTokens, ro.Attempt, ro.Error, ro.QueuedNs, ro.Refused = uint32(o.NumCachedTokens), o.Attempt, o.Error, int64(o.Queued), o.Refused
 		ro.Logprobs, ro.PromptLogprobs = logprobsToWire(o.Logprobs), logprobsToWire(o.PromptLogprobs)
 		clients[k].outputs = append(clients[k].outputs, ro)
 	}

@@ -106,6 +106,12 @@ func (p *progress) end(stream *Stream, ev Event) {
 	}
 }
 
+// RefusedError is an engine's refusal of a request as its client asked it
+// (engine.Output.Refused): the client's error, not the server's.
+type RefusedError struct{ Msg string }
+
+func (e *RefusedError) Error() string { return e.Msg }
+
 // deliver records one output of the attempt and pushes its event to the
 // stream, unless the attempt is no longer the call's current one. It says
 // whether the output is the attempt's first with tokens (its prompt is
@@ -153,7 +159,11 @@ func (s *sink) deliver(o *engine.Output, errText string, now time.Time) (prefill
 		}
 		return prefilled, false
 	case engine.FinishedError:
-		ev = Event{Index: s.index, Finish: engine.FinishedError, Err: fmt.Errorf("engine rank %d: %s", s.rank, errText)}
+		var err error = fmt.Errorf("engine rank %d: %s", s.rank, errText)
+		if o.Refused {
+			err = &RefusedError{Msg: err.Error()}
+		}
+		ev = Event{Index: s.index, Finish: engine.FinishedError, Err: err}
 	default:
 		if s.whole {
 			ev.Tokens, ev.Logprobs, ev.PromptLogprobs = p.output, p.logprobs, p.promptLogprobs

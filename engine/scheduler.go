@@ -154,6 +154,10 @@ type Output struct {
 	// Error says why a request finished with FinishedError, for its
 	// client.
 	Error string
+	// Refused marks an Error that is the request's own fault, as the
+	// engine's server answered it (a 4xx): the client gets a 400, which it
+	// should not send again as it is.
+	Refused bool
 }
 
 // Stats is an engine's load after a step.

@@ -263,6 +263,8 @@ func eventError(err error) *apiError {
 		return &apiError{Status: http.StatusServiceUnavailable, Message: err.Error(), Type: "server_error", Code: strp("rank_unavailable"), RetryAfter: 5}
 	case errors.Is(err, actors.ErrRankNotServed):
 		return badRequest(err.Error(), "X-data-parallel-rank")
+	case errors.As(err, new(*actors.RefusedError)):
+		return badRequest(err.Error(), "")
 	default:
 		return &apiError{Status: http.StatusInternalServerError, Message: err.Error(), Type: "server_error"}
 	}

@@ -213,8 +213,8 @@ func TestOpenAIEngineInFrontOfServers(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		status, b, err := complete(ctx, front.url, `{"prompt":"x","max_tokens":40000}`, nil)
-		if err != nil || status == http.StatusOK || !strings.Contains(string(b), "refused") {
-			t.Fatalf("%d %v %s; want the server's refusal", status, err, b)
+		if err != nil || status != http.StatusBadRequest || !strings.Contains(string(b), "refused") {
+			t.Fatalf("%d %v %s; want the server's refusal, a 400", status, err, b)
 		}
 		front.waitView("both ranks still ready", 10*time.Second, func(v clusterView) bool {
 			return v.Ranks[0].Ready && v.Ranks[1].Ready
@@ -245,8 +245,8 @@ func TestOpenAIEngineInFrontOfServers(t *testing.T) {
 		// Structured output is forwarded; these servers are simulated,
 		// and refuse it themselves.
 		body := `{"prompt":"x","max_tokens":3,"structured_outputs":{"regex":"a+"}}`
-		if status, b, err := complete(ctx, front.url, body, nil); err != nil || status == http.StatusOK || !strings.Contains(string(b), "refused the request: structured_outputs is not supported by the simulated engine") {
-			t.Errorf("%s: %d %v %s; want the server's refusal", body, status, err, b)
+		if status, b, err := complete(ctx, front.url, body, nil); err != nil || status != http.StatusBadRequest || !strings.Contains(string(b), "refused the request: structured_outputs is not supported by the simulated engine") {
+			t.Errorf("%s: %d %v %s; want the server's refusal, a 400", body, status, err, b)
 		}
 	})
 

@@ -345,8 +345,10 @@ func (s *waitStep) Finish(outs []engine.Output) []engine.Output {
 		}
 		if ev.err != nil {
 			c.remove(r)
+			var re *requestError
+			errors.As(ev.err, &re)
 			outs = append(outs, engine.Output{ID: r.id, Client: r.client, Attempt: r.attempt, Finish: engine.FinishedError,
-				Error: fmt.Sprintf("the engine's server refused the request: %v", ev.err)})
+				Error: fmt.Sprintf("the engine's server refused the request: %v", ev.err), Refused: re != nil && re.refused})
 			continue
 		}
 		toks, finish := r.take(ev.chunk.tokens, ev.chunk.finish, c.srv.eos)

@@ -328,6 +328,11 @@ func TestCoreRequestErrors(t *testing.T) {
 		if len(outs) != 1 || outs[0].Finish != engine.FinishedError || !strings.Contains(outs[0].Error, fmt.Sprint("refused with ", status)) {
 			t.Fatalf("%d: outputs %+v; want one error with the server's message", status, outs)
 		}
+		// A 4xx is the request's fault, the client's to fix; a 5xx from
+		// a server whose health is fine is not.
+		if outs[0].Refused != (status < 500) {
+			t.Errorf("%d: refused %v", status, outs[0].Refused)
+		}
 	}
 	f := newFakeServer(t, false, 10)
 	c := openCore(t, f, coreConfig{})

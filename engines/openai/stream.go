@@ -318,8 +318,10 @@ func openAILogprobs(ids []uint32, own []*float64, tops []map[string]float64) ([]
 
 // requestError is a server's refusal of one request (a 4xx, or a 5xx
 // while its health says it serves): the request fails, the rank goes on.
+// refused marks a 4xx: the request's own fault.
 type requestError struct {
-	msg string
+	msg     string
+	refused bool
 }
 
 func (e *requestError) Error() string { return e.msg }
@@ -454,7 +456,7 @@ func (c *core) classify(ctx context.Context, err error) error {
 		return &engineError{err: err, retry: herr == nil}
 	}
 	if se.status < 500 {
-		return &requestError{msg: se.msg}
+		return &requestError{msg: se.msg, refused: true}
 	}
 	if herr := c.srv.health(ctx, c.cfg.HealthTimeout); herr != nil {
 		return &engineError{err: fmt.Errorf("%w; and its health: %v", err, herr)}

@@ -564,7 +564,10 @@ type RequestOutput struct {
 	PromptLogprobs []*TokenLogprobs `protobuf:"bytes,8,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
 	// Nanoseconds the request waited in the engine before its first step;
 	// set on the first output only.
-	QueuedNs      int64 `protobuf:"varint,9,opt,name=queued_ns,json=queuedNs,proto3" json:"queued_ns,omitempty"`
+	QueuedNs int64 `protobuf:"varint,9,opt,name=queued_ns,json=queuedNs,proto3" json:"queued_ns,omitempty"`
+	// With FINISH_REASON_ERROR: the error is the request's own fault (an
+	// engine server's 4xx), the client's to fix.
+	Refused       bool `protobuf:"varint,10,opt,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -660,6 +663,13 @@ func (x *RequestOutput) GetQueuedNs() int64 {
 		return x.QueuedNs
 	}
 	return 0
+}
+
+func (x *RequestOutput) GetRefused() bool {
+	if x != nil {
+		return x.Refused
+	}
+	return false
 }
 
 // StepOutputs carries every output of one engine step for one API server:
@@ -1092,7 +1102,7 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	" \x01(\fR\x11promptBlockHashes\"0\n" +
 	"\rAbortRequests\x12\x1f\n" +
 	"\vrequest_ids\x18\x01 \x03(\tR\n" +
-	"requestIds\"\x82\x03\n" +
+	"requestIds\"\x9c\x03\n" +
 	"\rRequestOutput\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\"\n" +
@@ -1103,7 +1113,9 @@ const file_dpnode_v1_engine_proto_rawDesc = "" +
 	"\aattempt\x18\x06 \x01(\rR\aattempt\x124\n" +
 	"\blogprobs\x18\a \x03(\v2\x18.dpnode.v1.TokenLogprobsR\blogprobs\x12A\n" +
 	"\x0fprompt_logprobs\x18\b \x03(\v2\x18.dpnode.v1.TokenLogprobsR\x0epromptLogprobs\x12\x1b\n" +
-	"\tqueued_ns\x18\t \x01(\x03R\bqueuedNs\"\xba\x01\n" +
+	"\tqueued_ns\x18\t \x01(\x03R\bqueuedNs\x12\x18\n" +
+	"\arefused\x18\n" +
+	" \x01(\bR\arefused\"\xba\x01\n" +
 	"\vStepOutputs\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\rR\x04rank\x12!\n" +
 	"\fengine_epoch\x18\x02 \x01(\x04R\vengineEpoch\x12\x12\n" +

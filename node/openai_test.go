@@ -331,6 +331,22 @@ func TestOpenAIEngineExternalMode(t *testing.T) {
 	}
 }
 
+// TestOpenAINodeFailsOnAServerThatNeverServes: a server that never
+// answers is waited for --engine-start-timeout, then the node exits with
+// an error naming it.
+func TestOpenAINodeFailsOnAServerThatNeverServes(t *testing.T) {
+	const ip = "127.0.0.210"
+	dead := "http://" + ip + ":9" // nothing listens on the discard port
+	p, err := launch(t, ip, nodeArgs(ip, "--host", ip, "--port", "0", "--engine", "openai", "--model", simModel,
+		"--engine-url", dead, "--engine-start-timeout", "2s")...)
+	if err == nil {
+		t.Fatal("the node served with no server to serve")
+	}
+	if !strings.Contains(p.logs.String(), "the server at "+dead+" did not serve within 2s") {
+		t.Fatalf("the node's error does not name the server and the wait:\n%s", p.logs)
+	}
+}
+
 // TestOpenAINodeWaitsForItsServerAndSaysSo: a server that does not answer
 // yet is waited for, as a model that loads: the node answers on its port
 // meanwhile, /health naming the rank still loading, and serves once the

@@ -10,6 +10,8 @@
 # LLAMA_BUILD's llama-server (see trace-cpu.sh for how to build it).
 source "$(dirname "$0")/common.sh"
 ROUNDS=${ROUNDS:-6}
+# Requests of a run of one client: its TTFT p50 is the median of these.
+ONE_REQUESTS=${ONE_REQUESTS:-64}
 LLAMA_BUILD=${LLAMA_BUILD:-$HOME/.cache/dpnode/llama-server-build}
 LLAMA_SERVER=$LLAMA_BUILD/bin/llama-server
 MODEL=/tmp/dpnode-bench/tracemodel.gguf
@@ -35,7 +37,7 @@ for round in $(seq "$ROUNDS"); do
   for target in $order; do
     url=http://127.0.0.1:18101; [ "$target" = dpnode ] && url=http://127.0.0.1:18000
     seed=$((round * 10 + 1)); [ "$target" = dpnode ] && seed=$((round * 10 + 2))
-    run "$target" "$url" "$seed" 1 16
+    run "$target" "$url" "$seed" 1 "$ONE_REQUESTS"
     run "$target" "$url" "$((seed + 1000))" 32 96
   done
 done

@@ -54,11 +54,14 @@ type Options struct {
 	StallTimeout time.Duration
 	// HealthInterval is how often each server's /health is asked.
 	HealthInterval time.Duration
+	// StartTimeout bounds how long a rank waits for its server to serve:
+	// a server started beside dpnode may still be loading its model.
+	StartTimeout time.Duration
 }
 
 // DefaultOptions are the openai engine's defaults.
 func DefaultOptions() *Options {
-	return &Options{APIKey: os.Getenv("DPNODE_ENGINE_API_KEY"), StallTimeout: time.Minute, HealthInterval: time.Second}
+	return &Options{APIKey: os.Getenv("DPNODE_ENGINE_API_KEY"), StallTimeout: time.Minute, HealthInterval: time.Second, StartTimeout: 10 * time.Minute}
 }
 
 func (o *Options) AddFlags(fs *pflag.FlagSet) {
@@ -67,6 +70,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Tokenizer, "tokenizer", "", "openai: GGUF file of the model whose vocabulary and chat template the API server uses (default: the servers' /tokenize)")
 	fs.DurationVar(&o.StallTimeout, "engine-stall-timeout", o.StallTimeout, "openai: a server that gives no output for this long while it has requests counts as hung: its requests move to other ranks")
 	fs.DurationVar(&o.HealthInterval, "engine-health-interval", o.HealthInterval, "openai: how often each server's /health is asked; two failures in a row count as a dead server")
+	fs.DurationVar(&o.StartTimeout, "engine-start-timeout", o.StartTimeout, "openai: how long a rank waits for its server to serve (it may be loading its model) before the node fails, naming it")
 }
 
 // Defaults of the scheduler's bounds where the servers do not say. The
@@ -80,10 +84,6 @@ const (
 	defaultStepTokens  = 2048
 	defaultMaxModelLen = 8192
 )
-
-// startTimeout bounds how long a rank waits for its server to serve: a
-// server started beside dpnode may still be loading its model.
-const startTimeout = 10 * time.Minute
 
 // LocalRankPattern in an --engine-url stands for the local rank.
 const LocalRankPattern = "{local_rank}"
@@ -101,6 +101,8 @@ func (o *Options) Plan(n registry.Node) (*registry.Plan, error) {
 		return nil, fmt.Errorf("--engine-stall-timeout must be positive, got %v", o.StallTimeout)
 	case o.HealthInterval <= 0:
 		return nil, fmt.Errorf("--engine-health-interval must be positive, got %v", o.HealthInterval)
+	case o.StartTimeout <= 0:
+		return nil, fmt.Errorf("--engine-start-timeout must be positive, got %v", o.StartTimeout)
 	}
 	urls, err := o.expand(n.LocalSize)
 	if err != nil {
@@ -183,7 +185,7 @@ func (o Options) open(ctx context.Context, s registry.Start, n registry.Node, ur
 		IdleConnTimeout: idleConnTimeout,
 	}}
 	newServer := func(base string) *server { return &server{base: base, key: o.APIKey, model: n.Model, http: client} }
-	op := &registry.Opened{StartTimeout: startTimeout}
+	op := &registry.Opened{StartTimeout: o.StartTimeout}
 	// The context length is as given, else the first server's; the API
 	// tokenizes with the model's vocabulary, else with the first server.
 	if len(urls) > 0 && (sc.MaxModelLen == 0 || (tok == nil && s.ServesAPI)) {
@@ -263,7 +265,7 @@ func tokenizerSource(tok *llamaengine.Vocabulary) string {
 // firstServing waits for the first of the servers to serve, as a model's
 // load is waited for, and returns it probed.
 func (o Options) firstServing(ctx context.Context, s registry.Start, newServer func(string) *server, urls []string) (int, serverInfo, error) {
-	ctx, cancel := context.WithTimeout(ctx, startTimeout)
+	ctx, cancel := context.WithTimeout(ctx, o.StartTimeout)
 	defer cancel()
 	type found struct {
 		i    int

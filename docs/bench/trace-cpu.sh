@@ -104,8 +104,12 @@ start() {
 }
 
 for round in $(seq "$ROUNDS"); do
+  # The targets' order turns around every other round: whichever runs
+  # first in a round does not always get the machine in the same state.
+  order=$TARGETS
+  [ $((round % 2)) = 0 ] && order=$(printf '%s\n' $TARGETS | tac | tr '\n' ' ')
   for rate in ${RATES//,/ }; do
-    for target in $TARGETS; do
+    for target in $order; do
       metrics=()
       [ "$target" = nginx ] && metrics=(--metrics-url none)
       start "$target"

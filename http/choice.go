@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -85,7 +86,7 @@ func (c *choice) decodeText(decode func([]uint32) string, ids []uint32, final bo
 	}
 	text := decode(ids)
 	if !final && len(ids) < maxHeld && strings.HasSuffix(text, "\uFFFD") {
-		c.held = append(c.held[:0], ids...)
+		c.held = slices.Clone(ids)
 		return ""
 	}
 	return text

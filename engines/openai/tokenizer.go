@@ -120,11 +120,10 @@ func (p *pool) do(fn func(*server) error) error {
 // for an API server given no --tokenizer. Each token's text is asked once
 // and kept: a stream's tokens decode from memory. A server's /detokenize
 // answers text, so a token that is part of a UTF-8 character decodes, on
-// its own, as U+FFFD: such a token is kept as partial, and tokens among
-// which one is partial are asked together, which gives the character
-// whole. The API server holds a streamed token whose text ends in U+FFFD
-// until the next ones complete it; --tokenizer gives every byte exactly,
-// without asking.
+// its own, as U+FFFD: tokens among which one is kept as U+FFFD are asked
+// together, which gives the character whole. The API server holds a
+// streamed token whose text ends in U+FFFD until the next ones complete
+// it; --tokenizer gives every byte exactly, without asking.
 //
 // Concurrency: safe for concurrent use.
 type remoteTokenizer struct {
@@ -132,12 +131,10 @@ type remoteTokenizer struct {
 	logger  *slog.Logger
 	mu      sync.RWMutex
 	pieces  map[uint32]string
-	// partial are the kept tokens whose text alone has U+FFFD in it.
-	partial map[uint32]bool
 }
 
 func newRemoteTokenizer(servers *pool, logger *slog.Logger) *remoteTokenizer {
-	return &remoteTokenizer{servers: servers, logger: logger, pieces: make(map[uint32]string), partial: make(map[uint32]bool)}
+	return &remoteTokenizer{servers: servers, logger: logger, pieces: make(map[uint32]string)}
 }
 
 // maxPieces bounds the kept texts: far above any vocabulary.
@@ -168,7 +165,8 @@ func (t *remoteTokenizer) Decode(ids []uint32) string {
 	known := true
 	for _, id := range ids {
 		p, ok := t.pieces[id]
-		if !ok || (len(ids) > 1 && t.partial[id]) {
+		// A piece with U+FFFD in it is part of a character, alone.
+		if !ok || (len(ids) > 1 && strings.ContainsRune(p, utf8.RuneError)) {
 			known = false
 			break
 		}
@@ -191,9 +189,6 @@ func (t *remoteTokenizer) Decode(ids []uint32) string {
 		t.mu.Lock()
 		if len(t.pieces) < maxPieces {
 			t.pieces[ids[0]] = text
-			if strings.ContainsRune(text, utf8.RuneError) {
-				t.partial[ids[0]] = true
-			}
 		}
 		t.mu.Unlock()
 	}

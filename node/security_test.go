@@ -3,9 +3,12 @@ package node
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -151,48 +154,20 @@ func TestActorTransportNeedsTheSecret(t *testing.T) {
 		}
 	}()
 	addr := run.Node().Meta().ActorAddress
-	call := func(opts ...grpc.DialOption) error {
-		conn, err := grpc.Dial(addr, append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		c := remote.NewRemotingClient(conn)
-		if _, err := c.ListProcesses(ctx, &remote.ListProcessesRequest{}); err != nil {
-			return err
-		}
-		stream, err := c.Receive(ctx)
-		if err == nil {
-			_, err = stream.Recv()
-		}
-		return err
+	if got := callTransport(t, addr, nil); got != codes.Unauthenticated.String() {
+		t.Fatalf("a call without the secret: %s; want Unauthenticated", got)
 	}
-	if err := call(); status.Code(err) != codes.Unauthenticated {
-		t.Fatalf("a call without the secret: %v; want Unauthenticated", err)
-	}
-	wrong := make([]byte, 32)
-	_, wrongOpt := guardOptions(wrong)
-	if err := call(wrongOpt); status.Code(err) != codes.Unauthenticated {
-		t.Fatalf("a call with another secret: %v; want Unauthenticated", err)
+	if got := callTransport(t, addr, make([]byte, 32)); got != codes.Unauthenticated.String() {
+		t.Fatalf("a call with another secret: %s; want Unauthenticated", got)
 	}
 	secret, err := transportSecret(nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, rightOpt := guardOptions(secret)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := grpc.Dial(addr, rightOpt, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
 	// A member gets past the check, to the stream; protoactor's unary
 	// methods, which panic, are refused.
-	if _, err := remote.NewRemotingClient(conn).ListProcesses(ctx, &remote.ListProcessesRequest{}); status.Code(err) != codes.Unimplemented {
-		t.Fatalf("ListProcesses with the user's secret: %v; want Unimplemented", err)
+	if got := callTransport(t, addr, secret); got != codes.Unimplemented.String() {
+		t.Fatalf("ListProcesses with the user's secret: %s; want Unimplemented", got)
 	}
 
 	// The file is the user's alone; one open to others is refused.
@@ -214,4 +189,66 @@ func TestActorTransportNeedsTheSecret(t *testing.T) {
 	if !bytes.Equal(a, b) || bytes.Equal(a, secret) {
 		t.Fatal("the gossip key's secret is not the same on every node, or is the loopback one")
 	}
+}
+
+// transportCallEnv makes the test binary a client of an actor transport:
+// "address secret-in-hex" (see callTransport).
+const transportCallEnv = "DPNODE_TEST_TRANSPORT_CALL"
+
+// callTransport calls the actor transport at addr as a process holding
+// secret (nil: none) would, and returns the status code of the first call
+// refused ("OK" if none was). The client runs in a child process: gRPC's
+// client goroutines outlive a closed connection and read its process-wide
+// logger, which the next node started in this process writes
+// (protoactor's remote.Start), unsynchronized.
+func callTransport(t *testing.T, addr string, secret []byte) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	// Under -race a process waits a second at exit unless told not to.
+	cmd.Env = append(os.Environ(), transportCallEnv+"="+addr+" "+hex.EncodeToString(secret), "GORACE=atexit_sleep_ms=0")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the client process: %v\n%s", err, stderr.Bytes())
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// The child process of callTransport: it calls, prints the status code and
+// exits before any test runs.
+func init() {
+	call, ok := os.LookupEnv(transportCallEnv)
+	if !ok {
+		return
+	}
+	addr, key, _ := strings.Cut(call, " ")
+	secret, err := hex.DecodeString(key)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if len(secret) > 0 {
+		_, send := guardOptions(secret)
+		opts = append(opts, send)
+	}
+	conn, err := grpc.Dial(addr, opts...)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c := remote.NewRemotingClient(conn)
+	_, err = c.ListProcesses(ctx, &remote.ListProcessesRequest{})
+	if err == nil {
+		var stream remote.Remoting_ReceiveClient
+		if stream, err = c.Receive(ctx); err == nil {
+			_, err = stream.Recv()
+		}
+	}
+	cancel()
+	conn.Close()
+	fmt.Println(status.Code(err))
+	os.Exit(0)
 }

@@ -38,6 +38,9 @@ type fakeServer struct {
 	healthy atomic.Bool
 	// hold stops streams after their first token until released.
 	hold chan struct{}
+	// gone, when set, is closed when a held stream's client leaves.
+	gone     chan struct{}
+	goneOnce sync.Once
 	// drop closes the connections of this many completions before any
 	// answer, as a server does to a keep-alive connection it closes.
 	drop atomic.Int32
@@ -129,6 +132,9 @@ func newFakeServer(t *testing.T, llama bool, tokens ...uint32) *fakeServer {
 				select {
 				case <-f.hold:
 				case <-r.Context().Done():
+					if f.gone != nil {
+						f.goneOnce.Do(func() { close(f.gone) })
+					}
 					return
 				}
 			}
@@ -407,6 +413,27 @@ func TestCoreAbortEndsTheServersRequest(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the aborted stream did not end")
+	}
+}
+
+// TestCoreCutsOffAStreamThatGoesOn: a request that the node ends itself
+// at max_tokens, whose server holds its stream open past that token, is
+// cut off drainTimeout later (its output is whole at once): the server
+// sees its client leave while the core serves on.
+func TestCoreCutsOffAStreamThatGoesOn(t *testing.T) {
+	f := newFakeServer(t, false, 7, 8)
+	f.hold, f.gone = make(chan struct{}), make(chan struct{})
+	defer close(f.hold)
+	c := openCore(t, f, coreConfig{})
+	add(t, c, "r", engine.SamplingParams{MaxTokens: 1})
+	outs, err := drive(t, c)
+	if toks, fin := tokensOf(outs); err != nil || fmt.Sprint(toks["r"]) != "[7]" || fin["r"] != engine.FinishedLength {
+		t.Fatalf("got %v %v %v; want [7] and length", toks, fin, err)
+	}
+	select {
+	case <-f.gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the server's stream was not cut off")
 	}
 }
 

@@ -35,10 +35,12 @@ stop_all() {
 }
 # start_nginx PORT UPSTREAM...: nginx on 127.0.0.1:PORT in front of the
 # upstream host:port addresses, least_conn, streaming through unbuffered.
+# NGINX_KEEPALIVE=0: a new connection to an upstream for every request.
 start_nginx() {
-  local port=$1 servers=""
+  local port=$1 servers="" keep=""
   shift
   for u in "$@"; do servers+="server $u; "; done
+  [ "${NGINX_KEEPALIVE:-512}" -gt 0 ] && keep="keepalive ${NGINX_KEEPALIVE:-512};"
   cat >/tmp/dpnode-bench/nginx.conf <<NGINX
 worker_processes 1;
 error_log /tmp/dpnode-bench/nginx-error.log;
@@ -46,7 +48,7 @@ pid /tmp/dpnode-bench/nginx.pid;
 events { worker_connections 8192; }
 http {
   access_log off;
-  upstream ranks { least_conn; $servers keepalive 512; }
+  upstream ranks { least_conn; $servers $keep }
   server {
     listen 127.0.0.1:$port;
     location / {

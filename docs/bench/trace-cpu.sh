@@ -11,6 +11,14 @@
 #   dpnode-nopc    dpnode live, --no-enable-prefix-caching
 #   dpnode-openai  the nginx target's two llama-servers, unmodified, with
 #                  dpnode in front (--engine openai) instead of nginx
+#   floor-dpnode   the bound no balancing can beat: one rank of dpnode, each
+#                  request sent alone (one client in a closed loop, one
+#                  output token) in the trace's order, so that each finds
+#                  what the trace's earlier requests left in the prefix
+#                  cache; only its TTFT means something, and it ignores
+#                  the rate
+#   floor-llama-server  the same, one llama-server (behind nginx)
+#   floor-dpnode-nopc   the same, dpnode without its prefix cache
 # dpnode's KV cache (KV, 2GiB a rank) holds 256 streams of 4,096 tokens: 16
 # run requests, the rest keep finished ones' prefixes. llama-server keeps
 # its prompt cache in up to 8 GiB of host memory (--cache-ram's default).
@@ -90,6 +98,17 @@ start() {
       --engine-url http://127.0.0.1:18102 --host 127.0.0.1 --port 18000 --bind 127.0.0.1:17946 --data-parallel-rpc-port 0 \
       --log-level warn ${DPNODE_EXTRA:-} 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!)
     ;;
+  floor-llama-server)
+    # llama-server closes a connection after each stream, and a request
+    # that follows at once on it fails (one client in a closed loop does
+    # that): behind nginx, with a new connection for each request.
+    "$LLAMA_SERVER" -m "$MODEL" -t 1 -tb 1 -np 16 -c $((16 * 4096)) --host 127.0.0.1 --port 18101 \
+      >>/tmp/dpnode-bench/llama-server.log 2>&1 & PIDS+=($!)
+    wait_http http://127.0.0.1:18101/v1/models
+    NGINX_KEEPALIVE=0 start_nginx 18000 127.0.0.1:18101
+    ;;
+  floor-dpnode) "$DPNODE" "${dpnode_args[@]}" --gpus 1 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
+  floor-dpnode-nopc) "$DPNODE" "${dpnode_args[@]}" --gpus 1 --no-enable-prefix-caching 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
   dpnode-live) "$DPNODE" "${dpnode_args[@]}" --balance-policy live 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
   dpnode-rr) "$DPNODE" "${dpnode_args[@]}" --balance-policy round-robin 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
   dpnode-nopc) "$DPNODE" "${dpnode_args[@]}" --balance-policy live --no-enable-prefix-caching 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!) ;;
@@ -111,9 +130,11 @@ for round in $(seq "$ROUNDS"); do
   for rate in ${RATES//,/ }; do
     for target in $order; do
       metrics=()
-      [ "$target" = nginx ] && metrics=(--metrics-url none)
+      [ "$target" = nginx ] || [ "$target" = floor-llama-server ] && metrics=(--metrics-url none)
+      load=(--rate "$rate")
+      [[ "$target" == floor-* ]] && load=(--concurrency 1 --output-max 1)
       start "$target"
-      "$DPBENCH" --url http://127.0.0.1:18000 "${metrics[@]}" "${work[@]}" --rate "$rate" --label "$target" ${DETAIL:+--detail} \
+      "$DPBENCH" --url http://127.0.0.1:18000 "${metrics[@]}" "${work[@]}" "${load[@]}" --label "$target" ${DETAIL:+--detail} \
         --out "$OUT/trace-cpu-$target-$rate-r$round.json"
       stop_all
     done
@@ -149,6 +170,12 @@ if "nginx" in targets and "dpnode-openai" in targets:
         ratio = lambda k, p: med("dpnode-openai", i, k, p)[0] / med("nginx", i, k, p)[0]
         print(f"rate {rate:g}/s: dpnode in front of the llama-servers / nginx in front of them: TTFT p50 {ratio('ttft_ms', 'p50'):.2f}x, "
               f"p90 {ratio('ttft_ms', 'p90'):.2f}x, p99 {ratio('ttft_ms', 'p99'):.2f}x, E2E p99 {ratio('e2e_ms', 'p99'):.2f}x")
+for f in [t for t in targets if t.startswith("floor-")]:
+    if "nginx" in targets:
+        print()
+        for i, rate in enumerate(rates):
+            print(f"rate {rate:g}/s: {f}'s TTFT p90 (each request alone) / nginx's at this rate: "
+                  f"{med(f, i, 'ttft_ms', 'p90')[0] / med('nginx', i, 'ttft_ms', 'p90')[0]:.2f}x")
 if "nginx" in targets and "dpnode-live" in targets:
     print()
     for i, rate in enumerate(rates):
@@ -211,6 +238,7 @@ PY
 fi
 files=()
 for target in $TARGETS; do
+  [[ "$target" == floor-* ]] && continue
   for rate in ${RATES//,/ }; do files+=("$OUT/trace-cpu-$target-$rate-r1.json"); done
 done
 # The plot is the documentation's only for the documentation's results.

@@ -86,6 +86,9 @@ type PolicyConfig struct {
 	// StepTokens is the engines' token budget per step
 	// (--max-num-batched-tokens).
 	StepTokens int
+	// PrefillWeight is live's LiveLoad.PrefillWeight; 0 is
+	// DefaultPrefillWeight.
+	PrefillWeight float64
 	// Seed seeds the random choices of p2c.
 	Seed uint64
 }
@@ -94,7 +97,11 @@ type PolicyConfig struct {
 func NewPolicy(name string, c PolicyConfig) (Policy, error) {
 	switch name {
 	case PolicyLive:
-		return NewLiveLoad(c.StepTokens), nil
+		p := NewLiveLoad(c.StepTokens)
+		if c.PrefillWeight > 0 {
+			p.PrefillWeight = c.PrefillWeight
+		}
+		return p, nil
 	case PolicyVLLM:
 		return &SnapshotScore{ClientCount: max(c.APIServers, 1)}, nil
 	case PolicyRoundRobin:

@@ -232,6 +232,27 @@ func TestNewPolicyNames(t *testing.T) {
 	}
 }
 
+// TestNewPolicyTakesTheEnginesPrefillWeight: an engine's own weight of
+// waiting prefill replaces the default. 512 tokens waiting at a rank weigh
+// 2 requests at the default and 8 at 32; the other rank runs 4.
+func TestNewPolicyTakesTheEnginesPrefillWeight(t *testing.T) {
+	for _, tc := range []struct {
+		weight float64
+		want   int
+	}{{0, 0}, {32, 1}} {
+		pol, err := NewPolicy(PolicyLive, PolicyConfig{StepTokens: 2048, PrefillWeight: tc.weight})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ranks := available(2)
+		ranks[0].InFlight, ranks[0].PendingPrefill = 1, 512
+		ranks[1].InFlight = 4
+		if got := pol.Pick(NewRequest(prompt(5, 32), 16, ""), ranks); got != tc.want {
+			t.Errorf("prefill weight %g: picked rank %d, want %d", tc.weight, got, tc.want)
+		}
+	}
+}
+
 // TestLiveLoadWeighsPendingPrefill: a rank with a long prompt still to
 // prefill delays every first token behind it, so a new request goes to a
 // rank with more requests but no prefill queued.

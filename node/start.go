@@ -285,7 +285,8 @@ func (s *startup) startEngines(ctx context.Context) error {
 	cfg.RefuseClaim = func(node string, err error) { r.membership.Refuse(node, err) }
 	// Each API server counts its own picks: vLLM's policy bumps a rank by
 	// the number of API servers, which a node does not know in advance.
-	if cfg.Policy, err = dp.NewPolicy(o.BalancePolicy, dp.PolicyConfig{APIServers: 1, StepTokens: p.scheduler.MaxNumBatchedTokens, Seed: mrand.Uint64()}); err != nil {
+	if cfg.Policy, err = dp.NewPolicy(o.BalancePolicy, dp.PolicyConfig{APIServers: 1, StepTokens: p.scheduler.MaxNumBatchedTokens,
+		PrefillWeight: p.engine.PrefillWeight, Seed: mrand.Uint64()}); err != nil {
 		return err
 	}
 	cfg.Restart.MaxRestarts, cfg.Restart.Window = o.EngineMaxRestarts, o.EngineRestartWindow

@@ -11,6 +11,11 @@
 #   dpnode-nopc    dpnode live, --no-enable-prefix-caching
 #   dpnode-openai  the nginx target's two llama-servers, unmodified, with
 #                  dpnode in front (--engine openai) instead of nginx
+#   dpnode-openai-rr  the same, round robin
+#   dpnode-openai-stN the same with --max-num-batched-tokens N, which for
+#                  this engine only sets the unit its waiting prefill is
+#                  weighed in (32 requests a unit): st8192 weighs 2,048
+#                  waiting tokens as 8 requests, the default as 32
 #   floor-dpnode   the bound no balancing can beat: one rank of dpnode, each
 #                  request sent alone (one client in a closed loop, one
 #                  output token) in the trace's order, so that each finds
@@ -91,10 +96,15 @@ start() {
     llama_servers
     start_nginx 18000 127.0.0.1:18101 127.0.0.1:18102
     ;;
-  dpnode-openai)
-    # The same two llama-servers, unmodified, with dpnode in front.
+  dpnode-openai|dpnode-openai-rr|dpnode-openai-st*)
+    # The same two llama-servers, unmodified, with dpnode in front (-rr:
+    # round robin).
     llama_servers
-    "$DPNODE" join --engine openai --model "$MODEL" --tokenizer "$MODEL" --engine-url http://127.0.0.1:18101 \
+    local policy=live
+    [ "$1" = dpnode-openai-rr ] && policy=round-robin
+    local step=()
+    [[ "$1" == dpnode-openai-st* ]] && step=(--max-num-batched-tokens "${1#dpnode-openai-st}")
+    "$DPNODE" join --engine openai --balance-policy "$policy" "${step[@]}" --model "$MODEL" --tokenizer "$MODEL" --engine-url http://127.0.0.1:18101 \
       --engine-url http://127.0.0.1:18102 --host 127.0.0.1 --port 18000 --bind 127.0.0.1:17946 --data-parallel-rpc-port 0 \
       --log-level warn ${DPNODE_EXTRA:-} 2>>/tmp/dpnode-bench/dpnode.log & PIDS+=($!)
     ;;

@@ -88,6 +88,12 @@ type Plan struct {
 	// schedules its own, it is what the API server admits and balances.
 	Scheduler    engine.SchedulerConfig
 	Capabilities engine.Capabilities
+	// PrefillWeight, when not 0, is what a step's worth of prefill
+	// waiting at a rank weighs in the live policy, in requests
+	// (dp.LiveLoad.PrefillWeight): how much sooner a new request's first
+	// token comes on a rank with less prefill ahead of it, against one
+	// with fewer requests running, depends on how the engine schedules.
+	PrefillWeight float64
 	// Simulated is true for an engine whose text is not a model's.
 	Simulated bool
 	// Experts is the model's expert count under expert parallelism: an

@@ -85,6 +85,21 @@ const (
 	defaultMaxModelLen = 8192
 )
 
+// prefillWeight is what a step's worth of prefill waiting at a server
+// weighs in the live policy, in requests: 32, so that 64 tokens of
+// waiting prompt weigh as much as one request running there, where
+// dpnode's own engines use dp.DefaultPrefillWeight (8, 256 tokens). A
+// server that schedules its own steps puts the waiting prompts into its
+// steps beside every running sequence's decode, so a new request's first
+// token comes after all the prefill queued before it; one more running
+// sequence adds far less to each step. On Mooncake's trace in front of
+// two llama-servers at 5/s, 7 rounds side by side, 32 against 8 gave a
+// lower TTFT p90 in 6 (median 0.92x), and a lower ITL p50 and E2E p99 in
+// all 7; 16 and 64 did no better than 32. At 3/s, where requests seldom
+// wait, TTFT p90 was level and E2E p99 1.03-1.17x (docs/BENCHMARKS.md,
+// section i).
+const prefillWeight = 32
+
 // LocalRankPattern in an --engine-url stands for the local rank.
 const LocalRankPattern = "{local_rank}"
 
@@ -128,11 +143,12 @@ func (o *Options) Plan(n registry.Node) (*registry.Plan, error) {
 		EnablePrefixCaching: n.PrefixCaching,
 	}
 	p := &registry.Plan{
-		Served:       n.Model,
-		Profile:      "openai: " + n.Model,
-		Scheduler:    sc,
-		Capabilities: Capabilities,
-		Devices:      make([]gpu.Device, len(urls)),
+		Served:        n.Model,
+		Profile:       "openai: " + n.Model,
+		Scheduler:     sc,
+		Capabilities:  Capabilities,
+		PrefillWeight: prefillWeight,
+		Devices:       make([]gpu.Device, len(urls)),
 	}
 	for i, u := range urls {
 		p.Devices[i] = gpu.Device{Index: i, UUID: u, Name: "openai server", Virtual: true}

@@ -114,6 +114,8 @@ func newFakeServer(t *testing.T, llama bool, tokens ...uint32) *fakeServer {
 				ev = fmt.Sprintf(`{"tokens":[%d],"stop":false,"completion_probabilities":[{"id":%d,"token":"x","bytes":[120],"logprob":%g,`+
 					`"top_logprobs":[{"id":%d,"token":"y","bytes":[121],"logprob":%g},{"id":%d,"token":"z","bytes":[122],"logprob":%g}]}]}`,
 					tok, tok, own, tok-1, alt1, tok-2, alt2)
+			case f.llama && body["timings_per_token"] == true:
+				ev = fmt.Sprintf(`{"tokens":[%d],"stop":false,"timings":{"cache_n":3}}`, tok)
 			case f.llama:
 				ev = fmt.Sprintf(`{"tokens":[%d],"stop":false}`, tok)
 			case body["logprobs"] != nil:
@@ -243,6 +245,9 @@ func TestCoreStreamsBothDialects(t *testing.T) {
 			c := openCore(t, f, coreConfig{})
 			add(t, c, "a", engine.SamplingParams{MaxTokens: 100})
 			add(t, c, "b", engine.SamplingParams{MaxTokens: 2})
+			// c's last token is the server's last: the node ends c
+			// before the event that closes the stream.
+			add(t, c, "c", engine.SamplingParams{MaxTokens: 4})
 			outs, err := drive(t, c)
 			if err != nil {
 				t.Fatal(err)
@@ -255,13 +260,23 @@ func TestCoreStreamsBothDialects(t *testing.T) {
 			if fmt.Sprint(toks["b"]) != "[10 11]" || fin["b"] != engine.FinishedLength {
 				t.Errorf("b: %v, finish %v; want 2 tokens, then length", toks["b"], fin["b"])
 			}
-			cached := 0
+			// The cache hit, once a request: vLLM tells it after the
+			// finish (a has it), llama-server with every token (all do).
+			cached := map[string]int{}
 			for _, o := range outs {
-				cached = max(cached, o.NumCachedTokens)
+				if o.NumCachedTokens > 0 {
+					cached[o.ID] += o.NumCachedTokens
+				}
 			}
-			want := map[bool]int{false: 2, true: 3}[llama]
-			if cached != want {
-				t.Errorf("cached tokens %d, want the server's %d", cached, want)
+			want := map[string]int{"a": 2}
+			if llama {
+				want = map[string]int{"a": 3, "b": 3, "c": 3}
+			}
+			if fmt.Sprint(cached) != fmt.Sprint(want) {
+				t.Errorf("cached tokens %v, want the server's %v", cached, want)
+			}
+			if got := c.Stats().PrefixHits; got != uint64(want["a"]+want["b"]+want["c"]) {
+				t.Errorf("the rank's prefix hits %d, want %d", got, want["a"]+want["b"]+want["c"])
 			}
 			body := f.asked()[0]
 			if llama {

@@ -82,6 +82,12 @@ type llamaBody struct {
 	NProbs int `json:"n_probs,omitempty"`
 	// Grammar constrains the output to the API server's GBNF grammar.
 	Grammar string `json:"grammar,omitempty"`
+	// TimingsPerToken has every event carry the timings, the prompt's
+	// cache hit (cache_n) among them. Without it the hit comes only in
+	// the stream's last event, which follows the last token: a request
+	// the node ends on its own (max_tokens, a stop token) has finished
+	// by then, and its usage would say nothing was cached.
+	TimingsPerToken bool `json:"timings_per_token"`
 }
 
 // body is the request for r's prompt, and its output so far (a request
@@ -102,7 +108,7 @@ func (s *server) body(r *request) (path string, body any) {
 			// a 128,256-token vocabulary, a sequence at a time).
 			topK = 1
 		}
-		b := &llamaBody{Prompt: prompt, NPredict: maxTokens, Stream: true, ReturnTokens: true, CachePrompt: true,
+		b := &llamaBody{Prompt: prompt, NPredict: maxTokens, Stream: true, ReturnTokens: true, CachePrompt: true, TimingsPerToken: true,
 			Temperature: sp.Temperature, TopP: topP, TopK: topK, MinP: sp.MinP,
 			PresencePenalty: sp.PresencePenalty, FrequencyPenalty: sp.FrequencyPenalty, RepeatPenalty: sp.RepetitionPenalty,
 			Seed: sp.Seed, IgnoreEOS: sp.IgnoreEOS, Grammar: sp.Grammar}
@@ -230,9 +236,9 @@ func (s *server) decode(data []byte) (c chunk, done bool, err error) {
 			default:
 				c.finish = engine.FinishedLength
 			}
-			if m.Timings != nil && m.Timings.CacheN != nil {
-				c.cached = *m.Timings.CacheN
-			}
+		}
+		if m.Timings != nil && m.Timings.CacheN != nil {
+			c.cached = *m.Timings.CacheN
 		}
 		return c, done, nil
 	}
@@ -357,7 +363,9 @@ func (c *core) stream(ctx context.Context, r *request) {
 	// last is the finishing chunk, held until the stream ends: the
 	// OpenAI dialect tells the cache hit in a usage chunk after it.
 	var last *chunk
-	ended := false
+	// hit is set once the cache hit was read: a server that repeats it
+	// in every event (llama-server's timings) counts it once.
+	ended, hit := false, false
 	for sc.Scan() {
 		line := sc.Bytes()
 		data, ok := bytes.CutPrefix(line, []byte("data:"))
@@ -370,6 +378,12 @@ func (c *core) stream(ctx context.Context, r *request) {
 			return
 		}
 		c.touch()
+		if ch.cached >= 0 {
+			if hit {
+				ch.cached = -1
+			}
+			hit = true
+		}
 		switch {
 		case last != nil:
 			if ch.cached >= 0 {

@@ -40,8 +40,8 @@ type ExecutorConfig struct {
 	// KVCacheDtype is the KV cache's element type, "f16" or "f32"; with
 	// f32 the worker also leaves flash attention off (see LoadModel).
 	KVCacheDtype string
-	// GreedyInGraph is where greedy rows are sampled: "auto" or "" (in
-	// llama.cpp's graph when the model runs on a GPU), "on" or "off".
+	// GreedyInGraph is where greedy rows are sampled: "auto", "" or "on"
+	// (in llama.cpp's graph), or "off" (on the host).
 	GreedyInGraph string
 }
 
@@ -140,7 +140,7 @@ func NewExecutor(ctx context.Context, cfg ExecutorConfig) (*Executor, error) {
 	w.log.Info("model loaded", "device", ready.Device, "model_bytes", ready.ModelBytes, "kv_cache_cells", ready.KvCells,
 		"kv_cache_bytes", uint64(ready.KvCells)*ready.KvBytesPerToken, "sequences", ready.Sequences, "stream_cells", ready.StreamCells)
 	if ready.GreedyInGraph {
-		w.log.Info("greedy requests are sampled in llama.cpp's graph: their logits stay on the device", "device", ready.Device)
+		w.log.Info("greedy requests take their argmax in llama.cpp's graph: the host does not scan their logits", "device", ready.Device)
 	}
 	return e, nil
 }

@@ -656,6 +656,78 @@ func TestBadGrammarsAreRefusedByTheVocabularyWorker(t *testing.T) {
 	}
 }
 
+// TestPromptLogprobsBesideGreedyInTheGraph: a prompt's log-probabilities
+// over several chunks (steps with many outputs of one sequence and no
+// sampled row) while greedy requests decode with their argmax in the
+// graph. llama.cpp's backend sampling takes one output a sequence, so the
+// worker takes the graph's samplers off for those steps too; every
+// figure and token is the host's.
+func TestPromptLogprobsBesideGreedyInTheGraph(t *testing.T) {
+	cfg := engine.SchedulerConfig{MaxNumSeqs: 4, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512}
+	long := make([]uint32, 3*engine.PromptLogprobsChunk+10)
+	for i := range long {
+		long[i] = uint32(800 + i*53%7000)
+	}
+	serve := func(where string) (map[string][]uint32, []*engine.TokenLogprobs) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{Worker: workerConfig(t), Model: llamacpptest.Model(t), KVCacheBytes: 64 << 20,
+			Scheduler: cfg, Threads: 1, KVCacheDtype: "f32", GreedyInGraph: where})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if e.Ready().GreedyInGraph != (where == "auto") {
+			t.Fatalf("greedy in the graph with %s: %v", where, e.Ready().GreedyInGraph)
+		}
+		s := schedulerFor(t, e, cfg)
+		for i := range 2 {
+			p := []uint32{uint32(300 + i), 4000, uint32(77 + 9*i), 1200}
+			if err := s.Add(engine.NewRequest{ID: fmt.Sprint(i), Prompt: p, Sampling: engine.SamplingParams{MaxTokens: 40, IgnoreEOS: true}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out := map[string][]uint32{}
+		var lps []*engine.TokenLogprobs
+		sp := engine.SamplingParams{MaxTokens: 1, IgnoreEOS: true, PromptLogprobs: true, TopLogprobs: 1}
+		added := false
+		for s.HasWork() || !added {
+			if !added && len(out["0"]) >= 3 {
+				// The greedy ones are decoding in the graph by now.
+				if err := s.Add(engine.NewRequest{ID: "echo", Prompt: long, Sampling: sp}); err != nil {
+					t.Fatal(err)
+				}
+				added = true
+			}
+			b := s.Schedule()
+			res, err := e.Execute(context.Background(), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range s.Update(b, res) {
+				out[o.ID] = append(out[o.ID], o.NewTokens...)
+				lps = append(lps, o.PromptLogprobs...)
+			}
+		}
+		return out, lps
+	}
+	got, gotLps := serve("auto")
+	want, wantLps := serve("off")
+	if len(gotLps) != len(long)-1 || len(wantLps) != len(long)-1 {
+		t.Fatalf("%d and %d prompt log-probabilities, want %d", len(gotLps), len(wantLps), len(long)-1)
+	}
+	for i := range gotLps {
+		if math.Abs(float64(gotLps[i].Logprob-wantLps[i].Logprob)) > 1e-4 {
+			t.Fatalf("prompt token %d: %v with greedy rows in the graph, %v on the host", i+1, gotLps[i].Logprob, wantLps[i].Logprob)
+		}
+	}
+	for id, toks := range want {
+		if !slices.Equal(got[id], toks) {
+			t.Fatalf("request %s: %v with greedy rows in the graph, %v on the host", id, got[id], toks)
+		}
+	}
+}
+
 // TestPromptRanksOnlyWhenAsked: a prompt's log-probabilities come with
 // each token's rank when the request asks for ranks (vLLM's
 // prompt_logprobs) and without it otherwise (echo with logprobs, which

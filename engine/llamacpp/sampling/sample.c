@@ -153,6 +153,20 @@ static int32_t argmax_from(const float *l, int32_t n, float m, int32_t b) {
     return 0;
 }
 
+// greedy is the first of the largest logits: the block maxima find its
+// block, and only that block is read again. With every logit -inf it is
+// the first token not banned.
+static int32_t greedy(const float *l, int32_t n, const int32_t *banned, int32_t n_banned) {
+    int32_t first;
+    const float m = row_max(l, n, &first);
+    if (!(m > -INFINITY)) {
+        return first_allowed(n, banned, n_banned);
+    }
+    return argmax_from(l, n, m, first);
+}
+
+int32_t dpn_greedy(const float *logits, int32_t n) { return greedy(logits, n, NULL, 0); }
+
 // A candidate's key sorts by logit, largest first, then by index.
 static uint64_t key_of(float v, int32_t i) {
     uint32_t u;
@@ -348,14 +362,7 @@ int32_t dpn_sample(float *logits, int32_t n, float temp, int32_t top_k, float to
         }
     }
     if (temp <= 0.0f) {
-        // The block maxima find the largest logit's block; only that block
-        // is read again.
-        int32_t first;
-        const float m = row_max(logits, n, &first);
-        if (!(m > -INFINITY)) {
-            return first_allowed(n, banned, n_banned);
-        }
-        return argmax_from(logits, n, m, first);
+        return greedy(logits, n, banned, n_banned);
     }
     const float inv_t = 1.0f / temp;
     const int all = top_k <= 0 || top_k >= n;

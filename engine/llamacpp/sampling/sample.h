@@ -21,6 +21,11 @@ static inline int64_t dpn_scratch_floats(int32_t n) { return (int64_t)n + n / DP
 int32_t dpn_sample(float *logits, int32_t n, float temp, int32_t top_k, float top_p, float min_p, uint64_t seed,
                    const int32_t *banned, int32_t n_banned, float *scratch, uint64_t *keys);
 
+// dpn_greedy is dpn_sample's greedy draw of a row with nothing banned,
+// reading logits only; dpnode's argmax inside llama.cpp's graph on a CPU
+// calls it, so that both places choose the same token.
+int32_t dpn_greedy(const float *logits, int32_t n);
+
 // dpn_logsumexp is log Σ e^logits[i], for log-probabilities: a logit
 // less it is its token's log-probability.
 float dpn_logsumexp(const float *logits, int32_t n);

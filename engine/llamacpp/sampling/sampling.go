@@ -235,6 +235,13 @@ func (s *Sampler) draw(logits []float32, p *Params, seed uint64, bannedTokens []
 		(*C.float)(unsafe.Pointer(&s.scratch[0])), (*C.uint64_t)(unsafe.Pointer(&s.keys[0]))))
 }
 
+// GreedyFunc is the C function int32_t (*)(const float *logits, int32_t
+// n) that draws a greedy row as Sample does (nothing banned, no bias, no
+// penalties; it only reads the row): for C code that takes argmaxes
+// elsewhere, such as inside llama.cpp's graph, and must choose as the
+// host does.
+func GreedyFunc() unsafe.Pointer { return unsafe.Pointer(C.dpn_greedy) }
+
 // Logprobs returns the log-probability of every token of logits under
 // the model's raw distribution, as a logit less the returned lse, and
 // writes the k most likely tokens (at most len(top)) with their

@@ -13,6 +13,7 @@ package worker
 #include <stdio.h>
 #include <math.h>
 #include "llama.h"
+#include "ggml.h"
 #include "ggml-backend.h"
 
 // The last error llama.cpp logged, which says why a load failed.
@@ -110,30 +111,146 @@ static struct llama_context * dpn_context(struct llama_model * m, unsigned n_ctx
 	return c;
 }
 
-// dpn_greedy_chains makes n sampler chains of one greedy sampler each,
-// which llama.cpp computes in the graph: an argmax over each row.
-static struct llama_sampler ** dpn_greedy_chains(unsigned n) {
-	struct llama_sampler ** s = malloc(n * sizeof *s);
-	for (unsigned i = 0; i < n; i++) {
-		s[i] = llama_sampler_chain_init(llama_sampler_chain_default_params());
-		llama_sampler_chain_add(s[i], llama_sampler_init_greedy());
+// dpnode's greedy sampler for llama.cpp's graph when the output layer is
+// on the CPU. llama.cpp's own greedy sampler takes each row's argmax with
+// ggml's argmax, one scalar thread a row, over a padded copy of every
+// output row (llama.cpp's build_sampling pads them so that a graph of one
+// output stays the same whichever samplers run). This one takes every
+// row's argmax in one op over the rows themselves, on all of the graph's
+// threads, with the host's own greedy draw (dpn_greedy, passed in), so
+// that both choose the same token: no copy of the logits, in the graph or
+// out of it.
+typedef int32_t (*dpn_row_argmax)(const float *, int32_t);
+
+struct dpn_argmax_group {
+	dpn_row_argmax argmax;
+	// all is the graph's output rows and out their argmaxes, made by the
+	// first sampler that a graph build applies; every chain shares them.
+	struct ggml_tensor * all;
+	struct ggml_tensor * out;
+};
+
+static void dpn_argmax_rows(struct ggml_tensor * dst, int ith, int nth, void * ud) {
+	const struct dpn_argmax_group * g = ud;
+	const struct ggml_tensor * src = dst->src[0];
+	int32_t * out = (int32_t *) dst->data;
+	for (int64_t r = ith; r < src->ne[1]; r += nth) {
+		out[r] = g->argmax((const float *) ((const char *) src->data + r * src->nb[1]), (int32_t) src->ne[0]);
 	}
-	return s;
 }
 
-static void dpn_free_chains(struct llama_sampler ** s, unsigned n) {
-	for (unsigned i = 0; i < n; i++) {
-		llama_sampler_free(s[i]);
+static const char * dpn_argmax_name(const struct llama_sampler * s) {
+	(void) s;
+	return "dpnode-greedy";
+}
+
+// dpn_argmax_apply is the sampler on the host, where llama.cpp would run
+// it outside a graph (dpnode does not): the first of the largest.
+static void dpn_argmax_apply(struct llama_sampler * s, llama_token_data_array * cur) {
+	(void) s;
+	cur->selected = 0;
+	for (size_t i = 1; i < cur->size; i++) {
+		if (cur->data[i].logit > cur->data[cur->selected].logit) {
+			cur->selected = (int64_t) i;
+		}
 	}
-	free(s);
+}
+
+static struct llama_sampler * dpn_argmax_clone(const struct llama_sampler * s);
+
+// The op runs only on the CPU: llama.cpp asks each sampler whether it can
+// run on the buffer type of the output layer's device.
+static bool dpn_argmax_backend_init(struct llama_sampler * s, ggml_backend_buffer_type_t buft, uint32_t n_outputs_max_per_seq) {
+	(void) s;
+	(void) n_outputs_max_per_seq;
+	return ggml_backend_buft_is_host(buft);
+}
+
+static void dpn_argmax_backend_reset(struct llama_sampler * s) {
+	struct dpn_argmax_group * g = s->ctx;
+	g->all = NULL;
+	g->out = NULL;
+}
+
+static void dpn_argmax_backend_apply(struct llama_sampler * s, struct ggml_context * ctx, struct ggml_cgraph * gf, struct llama_sampler_data * data) {
+	(void) gf;
+	struct dpn_argmax_group * g = s->ctx;
+	struct ggml_tensor * row = data->logits;
+	struct ggml_tensor * pad = row->view_src;
+	// No logits out of the graph: llama.cpp would compute the padded copy
+	// for them and copy each row to the host (llama_get_sampled_logits_ith),
+	// which dpnode never reads.
+	data->logits = NULL;
+	// The row is a view of llama.cpp's padded copy of the output rows:
+	// the same row of the rows themselves, while it is one of them (an
+	// idle sequence's sampler gets the padding row, and is not computed).
+	if (pad && pad->op == GGML_OP_PAD && pad->src[0] && pad->src[0]->type == GGML_TYPE_F32 && ggml_is_contiguous(pad->src[0]) &&
+	    pad->src[0]->ne[0] == row->ne[0] && pad->nb[1] > 0 && row->view_offs % pad->nb[1] == 0) {
+		struct ggml_tensor * all = pad->src[0];
+		int64_t r = (int64_t) (row->view_offs / pad->nb[1]);
+		if (r < all->ne[1]) {
+			if (g->all != all) {
+				g->all = all;
+				g->out = ggml_custom_4d(ctx, GGML_TYPE_I32, all->ne[1], 1, 1, 1, &all, 1, dpn_argmax_rows, GGML_N_TASKS_MAX, g);
+			}
+			data->sampled = ggml_view_1d(ctx, g->out, 1, (size_t) r * ggml_element_size(g->out));
+			return;
+		}
+	}
+	// Any other row (llama.cpp's probe of the sampler, a layout this
+	// code does not know): its argmax alone.
+	data->sampled = ggml_custom_4d(ctx, GGML_TYPE_I32, 1, 1, 1, 1, &row, 1, dpn_argmax_rows, 1, g);
+}
+
+static struct llama_sampler_i dpn_argmax_iface = {
+	.name = dpn_argmax_name,
+	.apply = dpn_argmax_apply,
+	.clone = dpn_argmax_clone,
+	.backend_init = dpn_argmax_backend_init,
+	.backend_apply = dpn_argmax_backend_apply,
+	.backend_reset = dpn_argmax_backend_reset,
+};
+
+// A clone shares the group, which the chains own (dpn_free_chains).
+static struct llama_sampler * dpn_argmax_clone(const struct llama_sampler * s) {
+	return llama_sampler_init(&dpn_argmax_iface, s->ctx);
+}
+
+// dpn_chains are a greedy sampler chain per sequence, which llama.cpp
+// computes in its graph: llama.cpp's greedy sampler, or with argmax set
+// dpnode's (the output layer on the CPU).
+struct dpn_chains {
+	struct llama_sampler ** s;
+	unsigned n;
+	struct dpn_argmax_group g;
+};
+
+static struct dpn_chains * dpn_greedy_chains(unsigned n, dpn_row_argmax argmax) {
+	struct dpn_chains * c = calloc(1, sizeof *c);
+	c->s = malloc(n * sizeof *c->s);
+	c->n = n;
+	c->g.argmax = argmax;
+	for (unsigned i = 0; i < n; i++) {
+		c->s[i] = llama_sampler_chain_init(llama_sampler_chain_default_params());
+		llama_sampler_chain_add(c->s[i], argmax ? llama_sampler_init(&dpn_argmax_iface, &c->g) : llama_sampler_init_greedy());
+	}
+	return c;
+}
+
+static void dpn_free_chains(struct dpn_chains * c) {
+	for (unsigned i = 0; i < c->n; i++) {
+		llama_sampler_free(c->s[i]);
+	}
+	free(c->s);
+	free(c);
 }
 
 // dpn_attach gives every sequence its chain (on) or takes them all away;
 // llama.cpp reserves its graph again at the next decode.
-static int dpn_attach(struct llama_context * c, struct llama_sampler ** s, unsigned n, int on) {
+static int dpn_attach(struct llama_context * c, struct dpn_chains * s, int on) {
 	int ok = 1;
-	for (unsigned i = 0; i < n; i++) {
-		if (!llama_set_sampler(c, (llama_seq_id) i, on ? s[i] : NULL)) {
+	for (unsigned i = 0; i < s->n; i++) {
+		if (!llama_set_sampler(c, (llama_seq_id) i, on ? s->s[i] : NULL)) {
 			ok = 0;
 		}
 	}
@@ -194,6 +311,7 @@ import (
 	"unsafe"
 
 	"github.com/dpnode/dpnode/engine"
+	"github.com/dpnode/dpnode/engine/llamacpp/sampling"
 )
 
 // initLibrary loads the backends from dir and sets up logging.
@@ -373,14 +491,29 @@ type context struct {
 	nVocab int
 	// greedy is a greedy sampler chain per sequence, for llama.cpp to
 	// run in its graph, or nil; attached says whether it does now.
-	greedy   **C.struct_llama_sampler
-	nGreedy  C.uint
+	greedy   *C.struct_dpn_chains
+	argmax   C.dpn_row_argmax
 	attached bool
 }
 
-// newContext makes the context; with greedyInGraph every sequence starts
-// with a greedy sampler chain that llama.cpp computes in its graph.
-func newContext(m *model, cells, batch, seqs, threads int, kvF32, flash, greedyInGraph bool) (*context, error) {
+// graphGreedy is where a context takes greedy rows' argmaxes.
+type graphGreedy int
+
+const (
+	// greedyOnHost: every row's logits come out; the host samples.
+	greedyOnHost graphGreedy = iota
+	// greedyLlama: llama.cpp's greedy sampler, in the graph on the
+	// device of the output layer (a GPU).
+	greedyLlama
+	// greedyCPU: dpnode's argmax op in the graph, the output layer on
+	// the CPU: the host's own greedy draw, without copying the logits.
+	greedyCPU
+)
+
+// newContext makes the context; unless greedy is greedyOnHost every
+// sequence starts with a greedy sampler chain that llama.cpp computes in
+// its graph.
+func newContext(m *model, cells, batch, seqs, threads int, kvF32, flash bool, greedy graphGreedy) (*context, error) {
 	f32, fa := C.int(0), C.int(0)
 	if kvF32 {
 		f32 = 1
@@ -388,20 +521,26 @@ func newContext(m *model, cells, batch, seqs, threads int, kvF32, flash, greedyI
 	if flash {
 		fa = 1
 	}
-	var greedy **C.struct_llama_sampler
-	if greedyInGraph {
-		greedy = C.dpn_greedy_chains(C.uint(seqs))
+	var argmax C.dpn_row_argmax
+	if greedy == greedyCPU {
+		argmax = C.dpn_row_argmax(sampling.GreedyFunc())
 	}
-	c := C.dpn_context(m.m, C.uint(cells), C.uint(batch), C.uint(seqs), C.uint(seqs+engine.PromptLogprobsChunk), C.int(threads), f32, fa, greedy)
+	var chains *C.struct_dpn_chains
+	var perSeq **C.struct_llama_sampler
+	if greedy != greedyOnHost {
+		chains = C.dpn_greedy_chains(C.uint(seqs), argmax)
+		perSeq = chains.s
+	}
+	c := C.dpn_context(m.m, C.uint(cells), C.uint(batch), C.uint(seqs), C.uint(seqs+engine.PromptLogprobsChunk), C.int(threads), f32, fa, perSeq)
 	if c == nil {
-		if greedy != nil {
-			C.dpn_free_chains(greedy, C.uint(seqs))
+		if chains != nil {
+			C.dpn_free_chains(chains)
 		}
 		return nil, withLastError("llama.cpp could not create the context")
 	}
 	n := int(C.llama_n_batch(c))
 	return &context{c: c, mem: C.llama_get_memory(c), batch: C.llama_batch_init(C.int32_t(n), 0, 1), nBatch: n, nVocab: m.nVocab(),
-		greedy: greedy, nGreedy: C.uint(seqs), attached: greedy != nil}, nil
+		greedy: chains, argmax: argmax, attached: chains != nil}, nil
 }
 
 // attachGreedy gives every sequence its greedy chain in the graph (on), or
@@ -420,13 +559,14 @@ func (c *context) attachGreedy(on bool) error {
 		// llama.cpp initializes a chain for its graph once: new chains.
 		// The old ones are in no graph since the decode after they came
 		// off (which reserved the graph again).
-		C.dpn_free_chains(c.greedy, c.nGreedy)
-		c.greedy = C.dpn_greedy_chains(c.nGreedy)
+		n := c.greedy.n
+		C.dpn_free_chains(c.greedy)
+		c.greedy = C.dpn_greedy_chains(n, c.argmax)
 	}
-	if C.dpn_attach(c.c, c.greedy, c.nGreedy, o) == 0 {
+	if C.dpn_attach(c.c, c.greedy, o) == 0 {
 		// Leave every sequence without a chain: the host then samples
 		// all rows, which is always right.
-		C.dpn_attach(c.c, c.greedy, c.nGreedy, 0)
+		C.dpn_attach(c.c, c.greedy, 0)
 		c.attached = false
 		return withLastError("llama.cpp could not run greedy sampling in its graph")
 	}
@@ -518,7 +658,7 @@ func (c *context) free() {
 	C.llama_free(c.c)
 	if c.greedy != nil {
 		// After the context, which uses them until it is freed.
-		C.dpn_free_chains(c.greedy, c.nGreedy)
+		C.dpn_free_chains(c.greedy)
 	}
 }
 

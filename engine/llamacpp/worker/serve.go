@@ -284,20 +284,22 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	if err != nil {
 		return nil, err
 	}
-	inGraph := false
-	switch l.GreedyInGraph {
-	case dpnodev1.GreedyInGraph_GREEDY_IN_GRAPH_ON:
-		inGraph = true
-	case dpnodev1.GreedyInGraph_GREEDY_IN_GRAPH_UNSPECIFIED:
-		// llama.cpp computes the output layer on the GPU when every
-		// layer is offloaded.
-		inGraph = l.GpuLayers != 0 && hasGPU() && (l.GpuLayers < 0 || int(l.GpuLayers) > m.layers())
+	// llama.cpp computes the output layer on the GPU when every layer is
+	// offloaded; there its own greedy sampler runs, and on the CPU
+	// dpnode's argmax op.
+	greedy := greedyCPU
+	if l.GpuLayers != 0 && hasGPU() && (l.GpuLayers < 0 || int(l.GpuLayers) > m.layers()) {
+		greedy = greedyLlama
 	}
+	if l.GreedyInGraph == dpnodev1.GreedyInGraph_GREEDY_IN_GRAPH_OFF {
+		greedy = greedyOnHost
+	}
+	inGraph := greedy != greedyOnHost
 	inContext := seqs
 	if l.ContextSequences > 0 {
 		inContext = min(seqs, uint64(l.ContextSequences))
 	}
-	ctx, err := newContext(m, int(inContext*stream), int(l.MaxBatchTokens), int(inContext), int(l.Threads), elem == 4, l.FlashAttention, inGraph)
+	ctx, err := newContext(m, int(inContext*stream), int(l.MaxBatchTokens), int(inContext), int(l.Threads), elem == 4, l.FlashAttention, greedy)
 	if err != nil {
 		return nil, err
 	}
@@ -683,7 +685,10 @@ func (s *server) advance(done *dpnodev1.StepDone) {
 // reattachAfter steps of greedy rows only.
 func (s *server) placeSampling(needLogits bool) error {
 	c := s.ctx
-	if c.greedy == nil || len(s.rows) == 0 {
+	// A step of prompt log-probabilities needs the logits whether it
+	// samples or not: llama.cpp's backend sampling takes at most one
+	// output a sequence.
+	if c.greedy == nil || (len(s.rows) == 0 && !needLogits) {
 		return nil
 	}
 	host := needLogits

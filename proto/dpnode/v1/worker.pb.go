@@ -33,16 +33,16 @@ const (
 
 // GreedyInGraph says whether greedy rows take their argmax inside
 // llama.cpp's graph (its backend sampling), so that their logits are never
-// copied out of the device: on a GPU that copy (a vocabulary of floats a
+// copied out of the graph's buffers: that copy (a vocabulary of floats a
 // row) and the host's scan of it are most of a decode step's host work.
-// Rows that need the logits (temperature, banned tokens) are sampled on
-// the host as before; while any such row runs, every sequence is.
+// On a GPU llama.cpp's greedy sampler takes it; on a CPU dpnode's own op,
+// the host's greedy draw over every row at once. Rows that need the
+// logits (temperature, banned tokens) are sampled on the host as before;
+// while any such row runs, every sequence is.
 type GreedyInGraph int32
 
 const (
-	// Automatic: in the graph when the model's output is computed on a GPU.
-	// On a CPU the graph's argmax adds a copy of the logits and scans each
-	// row on one thread: the host's vectorized scan is faster.
+	// Automatic: in the graph (the same as on).
 	GreedyInGraph_GREEDY_IN_GRAPH_UNSPECIFIED GreedyInGraph = 0
 	GreedyInGraph_GREEDY_IN_GRAPH_ON          GreedyInGraph = 1
 	GreedyInGraph_GREEDY_IN_GRAPH_OFF         GreedyInGraph = 2

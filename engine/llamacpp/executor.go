@@ -40,8 +40,9 @@ type ExecutorConfig struct {
 	// KVCacheDtype is the KV cache's element type, "f16" or "f32"; with
 	// f32 the worker also leaves flash attention off (see LoadModel).
 	KVCacheDtype string
-	// GreedyInGraph is where greedy rows are sampled: "auto", "" or "on"
-	// (in llama.cpp's graph), or "off" (on the host).
+	// GreedyInGraph is where greedy rows are sampled: "auto" or "" (in
+	// llama.cpp's graph when the model runs on a GPU), "on" (in the graph,
+	// on a CPU by dpnode's op) or "off".
 	GreedyInGraph string
 }
 

@@ -677,7 +677,7 @@ func TestPromptLogprobsBesideGreedyInTheGraph(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer e.Close()
-		if e.Ready().GreedyInGraph != (where == "auto") {
+		if e.Ready().GreedyInGraph != (where == "on") {
 			t.Fatalf("greedy in the graph with %s: %v", where, e.Ready().GreedyInGraph)
 		}
 		s := schedulerFor(t, e, cfg)
@@ -711,7 +711,7 @@ func TestPromptLogprobsBesideGreedyInTheGraph(t *testing.T) {
 		}
 		return out, lps
 	}
-	got, gotLps := serve("auto")
+	got, gotLps := serve("on")
 	want, wantLps := serve("off")
 	if len(gotLps) != len(long)-1 || len(wantLps) != len(long)-1 {
 		t.Fatalf("%d and %d prompt log-probabilities, want %d", len(gotLps), len(wantLps), len(long)-1)

@@ -43,8 +43,9 @@ type Options struct {
 	// KVCacheDtype is the KV cache's element type: auto (the model's:
 	// float32 for an F32 model, else float16), float16 or float32.
 	KVCacheDtype string
-	// GreedyInGraph says where greedy rows' argmax is taken: auto or on
-	// (in llama.cpp's graph), or off (on the host).
+	// GreedyInGraph says where greedy rows' argmax is taken: auto (in the
+	// graph when the model runs on a GPU), on (in the graph, on a CPU by
+	// dpnode's op) or off.
 	GreedyInGraph string
 }
 
@@ -57,7 +58,7 @@ func (o *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Threads, "threads", o.Threads, "llamacpp: CPU threads per rank (default: the cores shared among the local ranks)")
 	fs.StringVar(&o.KVCacheMemory, "kv-cache-memory-bytes", o.KVCacheMemory, "llamacpp: KV cache per rank, as 4GiB, 512MB or bytes (default: from --gpu-memory-utilization on GPUs, 4GiB on CPU)")
 	fs.Float64Var(&o.GPUMemoryUtilization, "gpu-memory-utilization", o.GPUMemoryUtilization, "llamacpp: share of each GPU's memory a rank uses for weights and KV cache")
-	fs.StringVar(&o.GreedyInGraph, "greedy-in-graph", o.GreedyInGraph, "llamacpp: take greedy requests' argmax inside llama.cpp's graph, so that their logits are not copied out: auto or on (llama.cpp's argmax on a GPU, dpnode's on a CPU), or off (on the host)")
+	fs.StringVar(&o.GreedyInGraph, "greedy-in-graph", o.GreedyInGraph, "llamacpp: take greedy requests' argmax inside llama.cpp's graph, so that their logits are not copied out: auto (when the model runs on a GPU), on (also on a CPU, by dpnode's op) or off")
 	fs.StringVar(&o.KVCacheDtype, "kv-cache-dtype", o.KVCacheDtype, "llamacpp: KV cache element type: auto (the model's: float32 for an F32 model, else float16), float16 or float32")
 }
 

@@ -286,13 +286,15 @@ func (s *server) load(l *dpnodev1.LoadModel, opts Options) (*dpnodev1.ModelReady
 	}
 	// llama.cpp computes the output layer on the GPU when every layer is
 	// offloaded; there its own greedy sampler runs, and on the CPU
-	// dpnode's argmax op.
-	greedy := greedyCPU
-	if l.GpuLayers != 0 && hasGPU() && (l.GpuLayers < 0 || int(l.GpuLayers) > m.layers()) {
+	// dpnode's argmax op, when asked for (see GreedyInGraph).
+	onGPU := l.GpuLayers != 0 && hasGPU() && (l.GpuLayers < 0 || int(l.GpuLayers) > m.layers())
+	greedy := greedyOnHost
+	switch {
+	case l.GreedyInGraph == dpnodev1.GreedyInGraph_GREEDY_IN_GRAPH_OFF:
+	case onGPU:
 		greedy = greedyLlama
-	}
-	if l.GreedyInGraph == dpnodev1.GreedyInGraph_GREEDY_IN_GRAPH_OFF {
-		greedy = greedyOnHost
+	case l.GreedyInGraph == dpnodev1.GreedyInGraph_GREEDY_IN_GRAPH_ON:
+		greedy = greedyCPU
 	}
 	inGraph := greedy != greedyOnHost
 	inContext := seqs

@@ -42,7 +42,10 @@ const (
 type GreedyInGraph int32
 
 const (
-	// Automatic: in the graph (the same as on).
+	// Automatic: in the graph when the model's output is computed on a GPU.
+	// On a CPU dpnode's op makes a decode step faster (no copy of the rows),
+	// but on a real trace first tokens came a few ms later in the median
+	// (docs/BENCHMARKS.md, section d), so the host samples there unless on.
 	GreedyInGraph_GREEDY_IN_GRAPH_UNSPECIFIED GreedyInGraph = 0
 	GreedyInGraph_GREEDY_IN_GRAPH_ON          GreedyInGraph = 1
 	GreedyInGraph_GREEDY_IN_GRAPH_OFF         GreedyInGraph = 2

@@ -178,10 +178,17 @@ func TestBadModelFilesAreClearErrors(t *testing.T) {
 
 func newExecutor(t *testing.T, cfg engine.SchedulerConfig) *llamacpp.Executor {
 	t.Helper()
+	return newExecutorGreedy(t, cfg, "")
+}
+
+// newExecutorGreedy starts it with greedy rows sampled where says
+// (ExecutorConfig.GreedyInGraph).
+func newExecutorGreedy(t *testing.T, cfg engine.SchedulerConfig, where string) *llamacpp.Executor {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{Worker: workerConfig(t), Model: llamacpptest.Model(t), KVCacheBytes: 64 << 20,
-		Scheduler: cfg, Threads: 1, KVCacheDtype: "f32"})
+		Scheduler: cfg, Threads: 1, KVCacheDtype: "f32", GreedyInGraph: where})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,14 +213,20 @@ func steps(t *testing.T, s *engine.Scheduler, e *llamacpp.Executor, f func(engin
 		if n > 5000 {
 			t.Fatal("the requests did not finish")
 		}
-		b := s.Schedule()
-		res, err := e.Execute(context.Background(), b)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, o := range s.Update(b, res) {
-			f(o)
-		}
+		step(t, s, e, f)
+	}
+}
+
+// step runs one step of the scheduler's, handing each output to f.
+func step(t *testing.T, s *engine.Scheduler, e *llamacpp.Executor, f func(engine.Output)) {
+	t.Helper()
+	b := s.Schedule()
+	res, err := e.Execute(context.Background(), b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range s.Update(b, res) {
+		f(o)
 	}
 }
 
@@ -451,18 +464,7 @@ func TestKilledWorkerIsNoticed(t *testing.T) {
 // sampled one as it does on a worker that samples everything on the host.
 func TestGreedyInTheGraphMatchesTheHost(t *testing.T) {
 	cfg := engine.SchedulerConfig{MaxNumSeqs: 8, MaxNumBatchedTokens: 256, BlockSize: 16, MaxModelLen: 512, EnablePrefixCaching: true}
-	start := func(where string) *llamacpp.Executor {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{Worker: workerConfig(t), Model: llamacpptest.Model(t), KVCacheBytes: 64 << 20,
-			Scheduler: cfg, Threads: 1, KVCacheDtype: "f32", GreedyInGraph: where})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { e.Close() })
-		return e
-	}
-	inGraph, host := start("on"), start("off")
+	inGraph, host := newExecutorGreedy(t, cfg, "on"), newExecutorGreedy(t, cfg, "off")
 	if !inGraph.Ready().GreedyInGraph || host.Ready().GreedyInGraph {
 		t.Fatalf("greedy in the graph: %v with on, %v with off", inGraph.Ready().GreedyInGraph, host.Ready().GreedyInGraph)
 	}
@@ -487,14 +489,7 @@ func TestGreedyInTheGraphMatchesTheHost(t *testing.T) {
 		}
 		out := map[string][]uint32{}
 		for range 10 {
-			b := s.Schedule()
-			res, err := e.Execute(context.Background(), b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, o := range s.Update(b, res) {
-				out[o.ID] = append(out[o.ID], o.NewTokens...)
-			}
+			step(t, s, e, func(o engine.Output) { out[o.ID] = append(out[o.ID], o.NewTokens...) })
 		}
 		if err := s.Add(engine.NewRequest{ID: "sampled", Prompt: prompts[2], Sampling: sampled}); err != nil {
 			t.Fatal(err)
@@ -669,14 +664,7 @@ func TestPromptLogprobsBesideGreedyInTheGraph(t *testing.T) {
 		long[i] = uint32(800 + i*53%7000)
 	}
 	serve := func(where string) (map[string][]uint32, []*engine.TokenLogprobs) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		e, err := llamacpp.NewExecutor(ctx, llamacpp.ExecutorConfig{Worker: workerConfig(t), Model: llamacpptest.Model(t), KVCacheBytes: 64 << 20,
-			Scheduler: cfg, Threads: 1, KVCacheDtype: "f32", GreedyInGraph: where})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
+		e := newExecutorGreedy(t, cfg, where)
 		if e.Ready().GreedyInGraph != (where == "on") {
 			t.Fatalf("greedy in the graph with %s: %v", where, e.Ready().GreedyInGraph)
 		}
@@ -699,15 +687,10 @@ func TestPromptLogprobsBesideGreedyInTheGraph(t *testing.T) {
 				}
 				added = true
 			}
-			b := s.Schedule()
-			res, err := e.Execute(context.Background(), b)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, o := range s.Update(b, res) {
+			step(t, s, e, func(o engine.Output) {
 				out[o.ID] = append(out[o.ID], o.NewTokens...)
 				lps = append(lps, o.PromptLogprobs...)
-			}
+			})
 		}
 		return out, lps
 	}
